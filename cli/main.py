@@ -1,0 +1,46 @@
+"""cgctl: the command line of computegroups.
+
+This file only declares the global options and registers the command
+modules; each command lives in its own module. Commands fail through
+`cli.connect.fail` (one line `cgctl: error: ...`, exit 1); click's own usage
+errors exit 2.
+"""
+
+from __future__ import annotations
+
+import click
+
+from cli.allocate import allocate, reserve
+from cli.context import CliContext
+from cli.drain import drain
+from cli.env import env
+from cli.logs import logs
+from cli.release import release, scale
+from cli.run import run
+from cli.service import install_service
+from cli.status import list_components, status
+from cli.topo import topo
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--socket", metavar="PATH", envvar="CG_SOCKET",
+              help="cgd's socket (default: the user or system socket; env CG_SOCKET).")
+@click.option("--simulate", metavar="NAME|PATH", envvar="CG_SIMULATE",
+              help="Use a simulated machine instead of NVML: a shipped name or a machine file "
+                   "(env CG_SIMULATE).")
+@click.option("--json", "json_output", is_flag=True, help="Print JSON instead of text.")
+@click.version_option(package_name="computegroups", prog_name="cgctl")
+@click.pass_context
+def cli(ctx: click.Context, socket: str | None, simulate: str | None, json_output: bool) -> None:
+    """Allocate GPUs and run workloads on them through cgd."""
+    ctx.obj = CliContext(socket=socket, simulate=simulate or None, json=json_output)
+
+
+cli.add_command(topo)
+for command in (allocate, release, scale, list_components, status, env, run, drain, reserve, logs,
+                install_service):
+    cli.add_command(command)
+
+
+def main() -> None:
+    cli(prog_name="cgctl")

@@ -1,0 +1,150 @@
+"""`cgctl topo` through click's runner and through the installed executable."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from cli.main import cli
+from topology.nvml import NvmlGateway, NvmlUnavailable
+
+DGX1_NV1 = {(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)}
+DGX1_NV2 = {(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)}
+
+
+def cgctl(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env, prog_name="cgctl")
+
+
+def matrix(output: str) -> dict[tuple[int, int], str]:
+    """The GPU x GPU cells of the `nvidia-smi topo -m` style table."""
+    cells = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("GPU") and parts[0][3:].isdigit() and len(parts) > 2:
+            row = int(parts[0][3:])
+            for col, cell in enumerate(parts[1:]):
+                if cell == "X" or cell.startswith(("NV", "SYS", "NODE", "PHB", "PXB", "PIX")):
+                    cells[(row, col)] = cell
+    return cells
+
+
+def nvml_present() -> bool:
+    try:
+        with NvmlGateway() as gateway:
+            gateway.start()
+    except NvmlUnavailable:
+        return False
+    return True
+
+
+def test_dgx1_matrix_shows_nv1_and_nv2_exactly_where_wired() -> None:
+    result = cgctl("--simulate", "dgx1-v100", "topo")
+    assert result.exit_code == 0, result.output
+    cells = matrix(result.stdout)
+    assert len(cells) == 64
+    for a in range(8):
+        for b in range(8):
+            pair = (min(a, b), max(a, b))
+            # every same-socket pair of a DGX-1 has NVLink, so the rest is SYS
+            expected = ("X" if a == b else "NV1" if pair in DGX1_NV1
+                        else "NV2" if pair in DGX1_NV2 else "SYS")
+            assert cells[(a, b)] == expected, (a, b)
+
+
+def test_text_has_gpus_islands_switch_and_numa() -> None:
+    out = cgctl("--simulate", "dgx-h100", "topo").stdout
+    assert "NVIDIA H100 80GB HBM3" in out and "81559 MiB" in out and "00000000:18:00.0" in out
+    assert "NV18" in out and "0-55,112-167" in out
+    assert "NVLink islands: {0-7}" in out
+    assert "NVSwitch: yes, GPUs 0-7" in out
+    assert "NUMA nodes: 0: GPUs 0-3, CPUs 0-55,112-167; 1: GPUs 4-7, CPUs 56-111,168-223" in out
+    pairs = cgctl("--simulate", "workstation-nvlink-pairs", "topo").stdout
+    assert "NVLink islands: {0-1} {2-3}" in pairs and "NVSwitch: no" in pairs
+
+
+def test_mig_devices_are_listed() -> None:
+    out = cgctl("--simulate", "dgx-a100-mig", "topo").stdout
+    assert "MIG 0: 3g.20gb  19968 MiB  GI 2 CI 0  MIG-" in out
+    assert out.count(": 1g.5gb  4864 MiB") == 7
+
+
+def test_cpu_only() -> None:
+    result = cgctl("--simulate", "cpu-only", "topo")
+    assert result.exit_code == 0 and "No GPUs." in result.stdout
+
+
+def test_json_output() -> None:
+    result = cgctl("--json", "--simulate", "dgx1-v100", "topo")
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert doc["source"] == "simulated:dgx1-v100"
+    assert {(link["a"], link["b"]): link["nvlinks"] for link in doc["links"] if link["nvlinks"]} == {
+        **{p: 1 for p in DGX1_NV1}, **{p: 2 for p in DGX1_NV2}}
+    assert doc["links"][0]["pcie"] == "PIX"
+    assert doc["nvswitch"] is False and doc["lost_gpus"] == []
+
+
+def test_simulate_from_environment() -> None:
+    result = cgctl("--json", "topo", env={"CG_SIMULATE": "workstation-4x-pcie"})
+    assert json.loads(result.stdout)["source"] == "simulated:workstation-4x-pcie"
+
+
+def test_unknown_machine_is_one_error_line() -> None:
+    result = cgctl("--simulate", "dgx-9000", "topo")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cgctl: error: dgx-9000: no such simulated machine")
+
+
+def test_bad_machine_file_names_file_and_field(tmp_path: Path) -> None:
+    box = tmp_path / "box.toml"
+    box.write_text('gpu_count = 4\n[gpu_defaults]\nname = "x"\nmemory_mib = 10\n'
+                   '[gpus.3]\nmemory_mib = "big"\n')
+    result = cgctl("--simulate", str(box), "topo")
+    assert result.exit_code == 1
+    assert result.stderr == f"cgctl: error: {box}: gpus[3].memory_mib: expected an integer\n"
+
+
+@pytest.mark.skipif(nvml_present(), reason="this box has an NVIDIA driver")
+def test_without_nvml_the_error_suggests_simulate() -> None:
+    result = cgctl("topo", env={"CG_SIMULATE": ""})
+    assert result.exit_code == 1
+    assert result.stderr.startswith("cgctl: error: NVML is not available")
+    assert "--simulate NAME" in result.stderr and "dgx-h100" in result.stderr
+
+
+def test_usage_error_exits_2() -> None:
+    assert cgctl("--simulate", "dgx-h100", "topo", "--bogus").exit_code == 2
+
+
+def installed_cgctl() -> str:
+    beside = Path(sys.executable).with_name("cgctl")
+    found = str(beside) if beside.exists() else shutil.which("cgctl")
+    if found is None:
+        pytest.fail("cgctl is not installed: pip install -e .")
+    return found
+
+
+def test_installed_executable() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CG_SIMULATE"}
+    done = subprocess.run([installed_cgctl(), "--simulate", "dgx1-v100", "topo"],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    cells = matrix(done.stdout)
+    assert cells[(0, 1)] == "NV1" and cells[(0, 3)] == "NV2" and cells[(0, 5)] == "SYS"
+    done = subprocess.run([installed_cgctl(), "--json", "topo"], capture_output=True, text=True,
+                          env={**env, "CG_SIMULATE": "synthetic-72"}, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["gpus"]) == 72
+    done = subprocess.run([installed_cgctl(), "--simulate", "nope", "topo"], capture_output=True,
+                          text=True, env=env, timeout=60, check=False)
+    assert done.returncode == 1 and done.stderr.startswith("cgctl: error: nope:")
