@@ -1,0 +1,58 @@
+"""The one source of truth on disk: locked, crash-safe state files.
+
+Only the manager writes them (through `StateStore.transaction()`); tools may
+read them with `StateStore.load()`. The format and the guarantees are
+described in docs/state-files.md.
+"""
+
+from statefiles.errors import (
+    StateCorruptError,
+    StateError,
+    StateFormatError,
+    StateLockedError,
+    StateVersionError,
+)
+from statefiles.paths import default_state_dir, resolve_state_dir
+from statefiles.schema import (
+    GROUP_STATES,
+    ROLES,
+    SCHEMA_VERSION,
+    SCOPES,
+    ComponentRecord,
+    DeploymentRecord,
+    DeviceRecord,
+    GroupRecord,
+    MachineFingerprint,
+    ReservationRecord,
+    StateDoc,
+    WorkerRecord,
+    worker_key,
+)
+from statefiles.store import StateStore, Transaction, mark_lost, missing_gpus
+
+__all__ = [
+    "GROUP_STATES",
+    "ROLES",
+    "SCHEMA_VERSION",
+    "SCOPES",
+    "ComponentRecord",
+    "DeploymentRecord",
+    "DeviceRecord",
+    "GroupRecord",
+    "MachineFingerprint",
+    "ReservationRecord",
+    "StateCorruptError",
+    "StateDoc",
+    "StateError",
+    "StateFormatError",
+    "StateLockedError",
+    "StateStore",
+    "StateVersionError",
+    "Transaction",
+    "WorkerRecord",
+    "default_state_dir",
+    "mark_lost",
+    "missing_gpus",
+    "resolve_state_dir",
+    "worker_key",
+]

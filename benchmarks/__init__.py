@@ -1,0 +1,1 @@
+"""Benchmarks: each module has `run(quick=False) -> list[dict]` and runs alone with `python -m benchmarks.<name>`."""

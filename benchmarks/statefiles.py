@@ -1,0 +1,165 @@
+"""Time per durable state commit, against the floor of one fsync'd write of the same bytes.
+
+A commit does more than write: it takes the lock, reads and validates the
+current file, validates the new document, writes a temporary file, keeps the
+backup, renames and fsyncs the directory. The ratio to the floor (the same
+bytes written once and fsync'd, in the same directory, interleaved with the
+commits so both see the same disk) says what that safety costs on this disk;
+the absolute times say whether the daemon can afford it per request.
+
+    python -m benchmarks.statefiles [--quick] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    # Run as a script, this file's folder comes first on sys.path and its own
+    # name would shadow the `statefiles` package it measures.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+
+from statefiles import (
+    ComponentRecord,
+    DeviceRecord,
+    GroupRecord,
+    MachineFingerprint,
+    StateDoc,
+    StateStore,
+    WorkerRecord,
+)
+from statefiles.fileformat import encode_body, seal
+
+SIZES = (10, 100, 1000)
+GPUS = 8
+
+
+def build_doc(groups: int) -> StateDoc:
+    """A plausible state: one component per group, one worker each, a quarter-GPU share per group."""
+    doc = StateDoc(machine=MachineFingerprint(hostname="bench", gpu_uuids=tuple(_uuid(i) for i in range(GPUS))))
+    for n in range(groups):
+        name = f"comp-{n:04d}"
+        claim = {"memory_mib": 20000, "compute_pct": 25, "strategy": "binpack", "priority": 0}
+        doc.components[name] = ComponentRecord(
+            name=name, owner_uid=1000, owner_gid=1000, replicas=1, state="running", created=1.7e9 + n,
+            spec={"claim": claim, "replicas": 1, "scope": "per-replica", "command": ["python", "serve.py", str(n)],
+                  "env": {"MODEL": f"model-{n}"}, "restart": {"max_retries": 5, "backoff_s": 1.0}},
+        )
+        gpu = n % GPUS
+        gid = f"{name}-0"
+        doc.groups[gid] = GroupRecord(
+            id=gid, claim=claim, state="allocated", owner=name, owner_uid=1000, owner_gid=1000,
+            users=(f"{name}/0",), scope="per-replica", replica=0,
+            devices=(DeviceRecord(gpu_index=gpu, gpu_uuid=_uuid(gpu), memory_mib=20000, compute_pct=25,
+                                  whole=False),),
+            domain=(gpu,), created=1.7e9 + n, explanation=f"GPU {gpu}: packed with the others on it",
+        )
+        worker = WorkerRecord(component=name, replica=0, role="primary", pid=10000 + n, create_time=1.7e9 + n,
+                              started_at=1.7e9 + n)
+        doc.workers[worker.key] = worker
+    return doc
+
+
+def measure(directory: Path, groups: int, commits: int) -> dict[str, Any]:
+    """Commits that each change one group, interleaved with floor writes of the resulting file."""
+    store = StateStore(directory / f"g{groups}")
+    with store.transaction() as doc:
+        fresh = build_doc(groups)
+        doc.machine, doc.components, doc.groups, doc.workers = (
+            fresh.machine, fresh.components, fresh.groups, fresh.workers)
+    floor_path = store.directory / "floor.json"
+    commit_s, floor_s = [], []
+    ids = list(fresh.groups)
+    for n in range(commits):
+        start = time.perf_counter()
+        with store.transaction() as doc:
+            group = doc.groups[ids[n % len(ids)]]
+            group.state = "draining" if group.state == "allocated" else "allocated"
+        commit_s.append(time.perf_counter() - start)
+        payload = store.path.read_bytes()
+        start = time.perf_counter()
+        _floor_write(floor_path, payload)
+        floor_s.append(time.perf_counter() - start)
+    return {
+        "groups": groups,
+        "cpu_ms": _cpu_ms(store.load()),
+        "bytes": store.path.stat().st_size,
+        "commits": commits,
+        "commit_ms": _summary(commit_s),
+        "floor_ms": _summary(floor_s),
+        "ratio_mean": statistics.fmean(commit_s) / statistics.fmean(floor_s),
+        "ratio_p50": statistics.median(commit_s) / statistics.median(floor_s),
+    }
+
+
+def _cpu_ms(doc: StateDoc) -> float:
+    """The part of a commit that is Python work, not I/O: validating the document and encoding it."""
+    start = time.perf_counter()
+    for _ in range(5):
+        data = doc.to_dict()
+        StateDoc.from_dict(data)
+        seal(doc.generation, encode_body(data))
+    return (time.perf_counter() - start) / 5 * 1e3
+
+
+def run(quick: bool = False, directory: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """One result per size; `directory` should be on the disk the real state lives on (default: here)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="cg-bench-state-", dir=directory or ".") as scratch:
+        for groups in SIZES:
+            commits = (20 if groups < 1000 else 10) if quick else (300 if groups < 1000 else 60)
+            results.append(measure(Path(scratch), groups, commits))
+    return results
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    header = (f"{'groups':>6} {'bytes':>9} {'n':>4}  {'commit mean/p50/p99 ms':>24}  "
+              f"{'floor mean/p50/p99 ms':>23}  {'ratio mean':>10} {'ratio p50':>9}  {'of which cpu ms':>15}")
+    lines = [header]
+    for r in results:
+        c, f = r["commit_ms"], r["floor_ms"]
+        lines.append(
+            f"{r['groups']:>6} {r['bytes']:>9} {r['commits']:>4}  "
+            f"{c['mean']:>8.2f}{c['p50']:>8.2f}{c['p99']:>8.2f}  {f['mean']:>7.2f}{f['p50']:>8.2f}{f['p99']:>8.2f}  "
+            f"{r['ratio_mean']:>10.1f} {r['ratio_p50']:>9.1f}  {r['cpu_ms']:>15.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few commits per size (a smoke run)")
+    parser.add_argument("--dir", help="scratch directory, on the filesystem of the real state (default: .)")
+    args = parser.parse_args(argv)
+    print(format_table(run(args.quick, args.dir)))
+
+
+def _floor_write(path: Path, payload: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, payload)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _summary(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"mean": statistics.fmean(ordered) * 1e3, "p50": statistics.median(ordered) * 1e3, "p99": p99 * 1e3}
+
+
+def _uuid(index: int) -> str:
+    return f"GPU-{index:08x}-0000-4000-8000-000000000000"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""A separate process that uses the state store the way cgd would, for the multi-process tests.
+
+    python child.py write DIR           commit generation after generation, printing each one acknowledged
+    python child.py increment DIR N     after a "go" line on stdin, add 1 to a shared counter N times
+    python child.py hold DIR            open a transaction, print "locked", commit when stdin closes
+
+It is a script (not multiprocessing) so that a SIGKILL hits a real, separate
+interpreter at an arbitrary instruction, as a crash would.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from statefiles import ComponentRecord, DeviceRecord, GroupRecord, MachineFingerprint, StateDoc, StateStore
+
+GPUS = tuple(f"GPU-{n:04d}" for n in range(8))
+
+
+def content_for(generation: int, doc: StateDoc | None = None) -> StateDoc:
+    """The state that generation `generation` of the crash test holds: every field follows from the number."""
+    doc = doc if doc is not None else StateDoc()
+    doc.generation = generation
+    doc.machine = MachineFingerprint(hostname="crash-test", gpu_uuids=GPUS) if generation else None
+    doc.components, doc.groups = {}, {}
+    for n in range(generation % 40):
+        name = f"c{n}"
+        doc.components[name] = ComponentRecord(
+            name=name, owner_uid=1000, owner_gid=1000, replicas=1, state="running", created=float(n),
+            spec={"generation": generation, "payload": "x" * (generation % 97)},
+        )
+        gpu = (n + generation) % len(GPUS)
+        doc.groups[f"{name}-0"] = GroupRecord(
+            id=f"{name}-0", claim={"memory_mib": 1024}, state="allocated", owner=name, users=(f"{name}/0",),
+            owner_uid=1000, owner_gid=1000,
+            scope="per-replica", replica=0, created=float(n), explanation=f"written by generation {generation}",
+            devices=(DeviceRecord(gpu_index=gpu, gpu_uuid=GPUS[gpu], memory_mib=1024, compute_pct=10, whole=False),),
+        )
+    return doc
+
+
+def write_forever(store: StateStore) -> None:
+    while True:
+        with store.transaction() as doc:
+            content_for(doc.generation + 1, doc)
+        print(doc.generation, flush=True)
+
+
+def increment(store: StateStore, times: int) -> None:
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for _ in range(times):
+        with store.transaction() as doc:
+            counter = doc.components.get("counter")
+            if counter is None:
+                counter = doc.components["counter"] = ComponentRecord(
+                    name="counter", owner_uid=0, owner_gid=0, replicas=0, state="allocated", spec={"count": 0},
+                )
+            counter.spec["count"] += 1
+
+
+def hold(store: StateStore) -> None:
+    with store.transaction() as doc:
+        print("locked", flush=True)
+        sys.stdin.read()
+        doc.drained = ("GPU-held",)
+
+
+def main(argv: list[str]) -> None:
+    mode, directory, *rest = argv
+    store = StateStore(directory, lock_timeout=30.0)
+    if mode == "write":
+        write_forever(store)
+    elif mode == "increment":
+        increment(store, int(rest[0]))
+    elif mode == "hold":
+        hold(store)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

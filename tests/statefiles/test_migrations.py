@@ -1,0 +1,91 @@
+"""Older state files are upgraded on load; the original is kept when the upgrade is first written."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from statefiles import SCHEMA_VERSION, StateCorruptError, StateFormatError, StateStore
+from statefiles.migrations import MIGRATIONS, migrate, migration
+from tests.statefiles.samples import UUIDS, populated_doc
+
+
+def version_0() -> dict[str, Any]:
+    """The prototype's shape: drained GPUs by index, no deployments, no checksum."""
+    data = populated_doc().to_dict()
+    data["schema_version"] = 0
+    data["generation"] = 41
+    data["drained"] = [2, 0]
+    del data["deployments"]
+    for component in data["components"].values():
+        del component["deployment"]
+    return data
+
+
+def test_every_older_version_has_a_step_to_the_next() -> None:
+    assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION))
+
+
+def test_version_0_names_drained_gpus_by_uuid_and_gains_deployments() -> None:
+    data = migrate(version_0())
+    assert data["schema_version"] == 1
+    assert data["drained"] == [UUIDS[2], UUIDS[0]]
+    assert data["deployments"] == {}
+    assert data["components"]["web"]["deployment"] is None
+
+
+def test_a_version_0_file_loads_and_its_original_is_kept_on_the_first_write(store: StateStore) -> None:
+    store.directory.mkdir(parents=True)
+    original = json.dumps(version_0(), indent=2).encode()
+    store.path.write_bytes(original)
+    doc = store.load()
+    assert (doc.schema_version, doc.generation, doc.drained) == (1, 41, (UUIDS[2], UUIDS[0]))
+    with (txn := store.transaction()):
+        pass
+    assert txn.written, "a migrated state is written even when nothing else changed"
+    assert (store.directory / "state.json.v0").read_bytes() == original
+    assert store.backup_path.read_bytes() == original
+    rewritten = json.loads(store.path.read_bytes())
+    assert rewritten["schema_version"] == 1 and rewritten["generation"] == 42
+    with (again := store.transaction()):
+        pass
+    assert not again.written
+
+
+@pytest.mark.parametrize(
+    ("drained", "machine", "message"),
+    [
+        ([7], True, r"drained\[0\]: GPU index 7 is not in machine.gpu_uuids \(4 GPUs\)"),
+        ([0], False, r"drained\[0\]: GPU index 0 is not in machine.gpu_uuids \(0 GPUs\)"),
+        (["GPU-aaaa"], True, r"drained\[0\]: expected a GPU index \(schema version 0\), got string"),
+        ({}, True, r"drained: expected list of GPU indices"),
+    ],
+)
+def test_a_version_0_file_that_cannot_be_migrated_is_unusable(drained: Any, machine: bool, message: str) -> None:
+    data = version_0()
+    data["drained"] = drained
+    if not machine:
+        data["machine"] = None
+    with pytest.raises(StateFormatError, match=message):
+        migrate(data)
+
+
+def test_an_unmigratable_file_without_backup_is_a_refusal(store: StateStore) -> None:
+    store.directory.mkdir(parents=True)
+    data = version_0()
+    data["drained"] = [9]
+    store.path.write_text(json.dumps(data))
+    with pytest.raises(StateCorruptError, match="GPU index 9"):
+        store.load()
+
+
+def test_a_version_older_than_any_migration_is_refused_clearly() -> None:
+    with pytest.raises(StateFormatError, match="schema_version: -1 is older than any"):
+        migrate({"schema_version": -1})
+
+
+def test_a_second_migration_for_one_version_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        migration(0)(lambda data: data)

@@ -1,0 +1,333 @@
+"""Transactions in one process: what is written, when, how, and what is refused."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statefiles import (
+    ComponentRecord,
+    StateDoc,
+    StateError,
+    StateFormatError,
+    StateLockedError,
+    StateStore,
+)
+from tests.statefiles.samples import commit, populated_doc
+
+
+def test_a_new_directory_is_an_empty_state_and_is_not_created_by_reading(store: StateStore) -> None:
+    assert store.load() == StateDoc()
+    assert not store.directory.exists()
+
+
+def test_a_commit_bumps_the_generation_and_loads_back(store: StateStore) -> None:
+    committed = commit(store, populated_doc())
+    assert committed.generation == 1
+    loaded = store.load()
+    assert loaded == committed
+    assert StateStore(store.directory).load() == committed
+
+
+def test_changes_in_place_are_committed(store: StateStore) -> None:
+    commit(store, populated_doc())
+    with (txn := store.transaction()) as doc:
+        doc.groups["web-0"].state = "draining"
+        doc.components["web"].spec["env"]["B"] = "2"
+        doc.drained = ()
+    assert txn.written and txn.generation == 2 and doc.generation == 2
+    assert txn.committed is doc
+    loaded = store.load()
+    assert loaded.groups["web-0"].state == "draining"
+    assert loaded.components["web"].spec["env"] == {"A": "1", "B": "2"}
+    assert loaded.drained == ()
+
+
+def test_an_unchanged_document_is_not_written(store: StateStore) -> None:
+    commit(store, populated_doc())
+    before = store.path.stat()
+    with (txn := store.transaction()) as doc:
+        assert doc.groups["web-0"].state == "allocated"
+    assert not txn.written and txn.generation == 1
+    after = store.path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_an_unchanged_new_state_writes_nothing(store: StateStore) -> None:
+    with store.transaction():
+        pass
+    assert not store.path.exists()
+
+
+def test_an_exception_in_the_block_writes_nothing(store: StateStore) -> None:
+    commit(store, populated_doc())
+    before = store.path.read_bytes()
+    with pytest.raises(RuntimeError), store.transaction() as doc:
+        doc.groups.clear()
+        raise RuntimeError("decided against it")
+    assert store.path.read_bytes() == before
+    with store.transaction() as doc:
+        assert len(doc.groups) == 3
+
+
+def test_an_invalid_document_is_refused_at_commit_and_nothing_is_written(store: StateStore) -> None:
+    commit(store, populated_doc())
+    before = store.path.read_bytes()
+    refused = pytest.raises(StateFormatError, match=r'^groups\["web-0"\]\.devices\[0\]\.memory_mib: expected int')
+    with refused, store.transaction() as doc:
+        doc.groups["web-0"].devices[0].memory_mib = 1.5  # type: ignore[assignment]
+    assert store.path.read_bytes() == before
+    with store.transaction() as doc:
+        assert doc.groups["web-0"].devices[0].memory_mib == 81559
+
+
+def test_the_caller_cannot_set_the_generation_or_version(store: StateStore) -> None:
+    with store.transaction() as doc:
+        doc.generation = 99
+        doc.schema_version = 7
+        doc.drained = ("GPU-x",)
+    loaded = store.load()
+    assert (loaded.generation, loaded.schema_version) == (1, 1)
+
+
+def test_the_document_can_be_replaced_whole(store: StateStore) -> None:
+    commit(store, populated_doc())
+    with (txn := store.transaction()):
+        txn.doc = StateDoc(drained=("GPU-1",))
+    assert store.load() == StateDoc(generation=2, drained=("GPU-1",))
+    with pytest.raises(StateError, match="not open"):
+        txn.doc = StateDoc()
+
+
+def test_replacing_with_something_else_is_a_type_error(store: StateStore) -> None:
+    with (txn := store.transaction()), pytest.raises(TypeError):
+        txn.doc = {}  # type: ignore[assignment]
+
+
+def test_a_transaction_is_entered_once(store: StateStore) -> None:
+    txn = store.transaction()
+    with txn:
+        pass
+    with pytest.raises(StateError, match="only once"), txn:
+        pass
+
+
+def test_a_nested_transaction_in_one_thread_is_refused(store: StateStore) -> None:
+    with store.transaction(), pytest.raises(StateError, match="already open in this thread"), store.transaction():
+        pass
+    with store.transaction():
+        pass
+
+
+def test_the_file_is_readable_json_sealed_by_a_checksum(store: StateStore) -> None:
+    commit(store, populated_doc())
+    text = store.path.read_text()
+    lines = text.splitlines()
+    assert lines[:3] == ["{", '  "schema_version": 1,', '  "generation": 1,']
+    assert lines[-2].startswith('  "checksum": "sha256:') and lines[-1] == "}"
+    assert sum('"id": "web-' in line for line in lines) == 2, "one group per line"
+    data = json.loads(text)
+    assert data["groups"]["web-0"]["devices"][0]["gpu_uuid"] == "GPU-aaaa"
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(store.directory.stat().st_mode) == 0o700
+
+
+def test_the_previous_generation_is_kept_as_the_backup(store: StateStore) -> None:
+    commit(store, populated_doc())
+    first = store.path.read_bytes()
+    assert not store.backup_path.exists()
+    with store.transaction() as doc:
+        doc.drained = ()
+    assert store.backup_path.read_bytes() == first
+    assert StateStore(store.directory).load().generation == 2
+    assert sorted(p.name for p in store.directory.iterdir()) == [
+        "state.json", "state.json.bak", "state.lock", "state.lock.holder"]
+
+
+def test_the_backup_is_copied_where_hard_links_are_refused(store: StateStore,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    commit(store, populated_doc())
+    first = store.path.read_bytes()
+
+    def no_links(*args: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with store.transaction() as doc:
+        doc.drained = ()
+    assert store.backup_path.read_bytes() == first
+    assert store.path.stat().st_ino != store.backup_path.stat().st_ino
+
+
+def test_a_commit_fsyncs_the_file_before_the_rename_and_the_directory_after(
+        store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    commit(store, populated_doc())
+    calls: list[str] = []
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        calls.append(f"rename {Path(src).name} -> {Path(dst).name}")
+        real_replace(src, dst)
+
+    def link(src: Any, dst: Any) -> None:
+        calls.append(f"link {Path(src).name} -> {Path(dst).name}")
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
+    with store.transaction() as doc:
+        doc.drained = ()
+    assert calls == [
+        "fsync file",
+        "link state.json -> state.json.bak.tmp",
+        "rename state.json.bak.tmp -> state.json.bak",
+        "rename state.json.tmp -> state.json",
+        "fsync dir",
+    ]
+
+
+class _Crash(BaseException):
+    """Stands for the process dying at one step of a commit."""
+
+
+@pytest.mark.parametrize("step", range(6))
+def test_a_commit_cut_short_at_any_step_leaves_the_old_or_the_new_generation(
+        store: StateStore, monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    commit(store, populated_doc())
+    with store.transaction() as doc:
+        doc.drained = ("GPU-aaaa",)
+    steps = 0
+
+    def crash_at(real: Any) -> Any:
+        def wrapped(*args: Any) -> Any:
+            nonlocal steps
+            steps += 1
+            if steps > step:
+                raise _Crash
+            return real(*args)
+        return wrapped
+
+    for name in ("fsync", "replace", "link", "write"):
+        monkeypatch.setattr(os, name, crash_at(getattr(os, name)))
+    with pytest.raises(_Crash), store.transaction() as doc:
+        doc.drained = ("GPU-bbbb",)
+    monkeypatch.undo()
+    loaded = StateStore(store.directory).load()
+    assert (loaded.generation, loaded.drained) in [(2, ("GPU-aaaa",)), (3, ("GPU-bbbb",))]
+    backup = StateStore(store.directory)
+    backup.path = store.backup_path
+    assert backup.load().generation in (1, 2, loaded.generation)
+    with store.transaction() as doc:
+        doc.drained = ()
+    assert store.load().generation == loaded.generation + 1
+
+
+def test_a_lock_held_by_another_thread_times_out_naming_this_process(store: StateStore) -> None:
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.transaction():
+            inside.set()
+            leave.wait(5)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert inside.wait(5)
+        this_process = f"^state is locked by pid {os.getpid()} "
+        with pytest.raises(StateLockedError, match=this_process), store.transaction(timeout=0.1):
+            pass
+        other = StateStore(store.directory, lock_timeout=0.1)
+        with pytest.raises(StateLockedError, match=this_process), other.transaction():
+            pass
+    finally:
+        leave.set()
+        holder.join()
+    with store.transaction(timeout=0):
+        pass
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-store", "store-per-thread"])
+def test_threads_lose_no_update(tmp_path: Path, shared: bool) -> None:
+    threads, increments = 4, 40
+    one = StateStore(tmp_path, lock_timeout=10)
+
+    def work() -> None:
+        store = one if shared else StateStore(tmp_path, lock_timeout=10)
+        for _ in range(increments):
+            with store.transaction() as doc:
+                counter = doc.components.setdefault("counter", ComponentRecord(
+                    name="counter", owner_uid=0, owner_gid=0, replicas=0, state="allocated", spec={"n": 0}))
+                counter.spec["n"] += 1
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    final = one.load()
+    assert final.components["counter"].spec["n"] == threads * increments
+    assert final.generation == threads * increments
+
+
+def test_a_negative_lock_timeout_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="lock_timeout"):
+        StateStore(tmp_path, lock_timeout=-1)
+
+
+def test_the_next_transaction_sees_exactly_what_a_reload_sees(store: StateStore) -> None:
+    doc = populated_doc()
+    doc.components["web"].spec = {"z": 1, "a": [1, {"y": 2, "b": 3}]}
+    commit(store, doc)
+    reloaded = StateStore(store.directory).load()
+    with store.transaction() as following:
+        assert following == reloaded
+        assert list(following.groups) == list(reloaded.groups) == sorted(reloaded.groups)
+        assert list(following.components["web"].spec) == ["z", "a"]
+
+
+def test_a_write_by_another_store_is_seen_by_the_next_transaction(store: StateStore) -> None:
+    commit(store, populated_doc())
+    with StateStore(store.directory).transaction() as doc:
+        doc.groups["web-1"].state = "allocated"
+    with store.transaction() as doc:
+        assert doc.generation == 2
+        assert doc.groups["web-1"].state == "allocated"
+
+
+def test_a_failed_write_is_a_state_error_and_is_not_acknowledged(store: StateStore,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    commit(store, populated_doc())
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(store.directory / "state.json.tmp"))
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    txn = store.transaction()
+    with pytest.raises(StateError, match=r"could not commit generation 2 .*No space left on device"), txn as doc:
+        doc.drained = ()
+    assert txn.committed is None and not txn.written
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert store.load().generation == 1
+    with store.transaction() as doc:
+        assert doc.drained == ("GPU-cccc",)
+
+
+def test_a_state_directory_that_cannot_be_created_is_a_state_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(StateError, match="cannot lock the state in"), StateStore(blocker / "state").transaction():
+        pass
