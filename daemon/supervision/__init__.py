@@ -1,0 +1,1 @@
+"""The parts of daemon/supervisor.py that deal with circus and with raw processes."""
