@@ -1,0 +1,10 @@
+"""The parts of the allocator; `daemon.allocator` is the public entry.
+
+- `records`: the values handed out (placements, holdings, errors);
+- `ledger`: what is in use, per GPU;
+- `topo`: the machine as the objective sees it (weights, domains, twins);
+- `rules`: which devices a claim may use now, and why not the others;
+- `search`: the best k-subset, by branch and bound;
+- `wholes`, `shares`: whole-GPU sets, and shares or MIG devices;
+- `feasible`: claims that can never fit; `explain`: words for people.
+"""

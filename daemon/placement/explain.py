@@ -1,0 +1,62 @@
+"""Words for people: GPU lists, domain names, and why a claim did not fit.
+
+Every refusal names what is missing ("needs 4 NVLink-colocated GPUs; the
+largest free NVLink island has 3: GPUs 5,6,7"), so a user can act on it
+without reading the allocator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from topology.model import DomainKind
+
+DOMAIN_NAMES = {
+    DomainKind.NVLINK: ("NVLink island", "NVLink islands", "NVLink-colocated"),
+    DomainKind.PCIE: ("PCIe switch", "PCIe switches", "PCIe-switch-colocated"),
+    DomainKind.NUMA: ("NUMA node", "NUMA nodes", "NUMA-colocated"),
+    DomainKind.MACHINE: ("machine", "machines", "colocated"),
+}
+
+
+def gpu_list(gpus: Iterable[int]) -> str:
+    """`0-3,5,7`: runs of consecutive indices folded."""
+    ordered = sorted(set(gpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if j == i else f"{ordered[i]},{ordered[j]}" if j == i + 1
+                     else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def gpus_phrase(gpus: Iterable[int]) -> str:
+    ordered = sorted(set(gpus))
+    if not ordered:
+        return "no GPU"
+    return f"GPU {ordered[0]}" if len(ordered) == 1 else f"GPUs {gpu_list(ordered)}"
+
+
+def domain_name(kind: DomainKind, plural: bool = False) -> str:
+    return DOMAIN_NAMES[kind][1 if plural else 0]
+
+
+def colocated(kind: DomainKind) -> str:
+    return DOMAIN_NAMES[kind][2]
+
+
+def reasons_text(reasons: Mapping[int, str]) -> str:
+    """`held by a group: 0-3; draining: 4`: the GPUs that were not free, by why."""
+    by_reason: dict[str, list[int]] = {}
+    for gpu, why in reasons.items():
+        by_reason.setdefault(why, []).append(gpu)
+    ordered = sorted(by_reason.items(), key=lambda kv: min(kv[1]))
+    return "; ".join(f"{why}: {gpus_phrase(gpus)}" for why, gpus in ordered)
+
+
+def mib(value: int) -> str:
+    return f"{value} MiB"

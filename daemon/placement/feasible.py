@@ -1,0 +1,116 @@
+"""Claims that can never fit on this machine, whatever is in use.
+
+These are told apart from "not now" because the answer to them is different:
+change the claim (or the machine), not wait. Everything here looks at the
+machine and the configuration only.
+"""
+
+from __future__ import annotations
+
+from daemon.claims import AllocatorConfig, Claim
+from daemon.placement.explain import colocated, domain_name, gpus_phrase, mib
+from daemon.placement.records import NeverFits
+from daemon.placement.shares import may_use_mig
+from daemon.placement.topo import Topo
+from topology.model import DomainKind
+
+
+def check_ever(topo: Topo, config: AllocatorConfig, claim: Claim, groups: int) -> None:
+    gpus = _scope(topo, config, claim)
+    where = _where(claim)
+    if claim.kind == "whole":
+        _whole(topo, claim, [g for g in gpus if not topo.mig[g]], groups, where)
+    elif claim.kind == "mig":
+        _mig(topo, claim, gpus, groups, where)
+    else:
+        _share(topo, config, claim, gpus, groups, where)
+
+
+def _scope(topo: Topo, config: AllocatorConfig, claim: Claim) -> list[int]:
+    gpus = set(topo.gpus)
+    if claim.pool is not None:
+        if claim.pool not in config.pools:
+            known = ", ".join(sorted(config.pools)) or "none configured"
+            raise NeverFits(f"unknown pool {claim.pool!r} (pools: {known})")
+        gpus &= config.pools[claim.pool]
+    if claim.gpu_ids is not None:
+        missing = sorted(set(claim.gpu_ids) - set(topo.gpus))
+        if missing:
+            raise NeverFits(f"gpu_ids names {gpus_phrase(missing)}, not on this machine ({gpus_phrase(topo.gpus)})")
+        gpus &= set(claim.gpu_ids)
+    return sorted(gpus)
+
+
+def _where(claim: Claim) -> str:
+    parts = []
+    if claim.pool is not None:
+        parts.append(f"pool {claim.pool!r}")
+    if claim.gpu_ids is not None:
+        parts.append(f"gpu_ids {','.join(map(str, claim.gpu_ids))}")
+    return " and ".join(parts) or "this machine"
+
+
+def _whole(topo: Topo, claim: Claim, gpus: list[int], groups: int, where: str) -> None:
+    n = claim.gpus or 1
+    mig = [g for g in topo.gpus if topo.mig[g]]
+    note = f" ({gpus_phrase(mig)} have MIG enabled and take only mig claims)" if mig else ""
+    if n * groups > len(gpus):
+        total = f"{groups} groups of {n} GPUs" if groups > 1 else f"{n} GPUs"
+        raise NeverFits(f"needs {total}; {where} has {len(gpus)} GPUs for whole claims{note}")
+    for kind, label in ((claim.colocate, colocated), (claim.exclusive, _exclusively)):
+        if kind is None:
+            continue
+        sizes = sorted((len(dom & set(gpus)) for dom in topo.domains[kind]), reverse=True)
+        if not sizes or sizes[0] < n:
+            raise NeverFits(f"needs {n} {label(kind)} GPUs; the largest {domain_name(kind)} of {where} "
+                            f"has {sizes[0] if sizes else 0}")
+        if kind is claim.exclusive and sum(size >= n for size in sizes) < groups:
+            raise NeverFits(f"needs {groups} {domain_name(kind, True)} of {n} GPUs, one per group; "
+                            f"{where} has {sum(size >= n for size in sizes)}")
+
+
+def _exclusively(kind: DomainKind) -> str:
+    return f"exclusive-{domain_name(kind)}"
+
+
+def _mig(topo: Topo, claim: Claim, gpus: list[int], groups: int, where: str) -> None:
+    parents = [g for g in gpus if topo.mig[g]]
+    devices = [m for g in parents for m in topo.machine.gpu(g).mig_devices]
+    matching = [m for m in devices if m.profile == claim.mig]
+    if not matching:
+        known = ", ".join(sorted({m.profile for m in devices})) or "none"
+        raise NeverFits(f"unknown MIG profile {claim.mig!r} on {where} (profiles: {known})")
+    distinct = len({m.parent_index for m in matching})
+    if groups > len(matching) or (claim.distinct and groups > distinct):
+        have = distinct if claim.distinct else len(matching)
+        raise NeverFits(f"needs {groups} {claim.mig} instances{' on distinct GPUs' if claim.distinct else ''}; "
+                        f"{where} has {have}")
+
+
+def _share(topo: Topo, config: AllocatorConfig, claim: Claim, gpus: list[int], groups: int, where: str) -> None:
+    plain = [g for g in gpus if not topo.mig[g] and topo.memory[g] > 0]
+    fits = [g for g in plain if _share_fits(topo, config, claim, g)]
+    migs = []
+    if may_use_mig(claim):
+        migs = [m for g in gpus if topo.mig[g] for m in topo.machine.gpu(g).mig_devices
+                if (m.memory_mib or 0) >= (claim.memory_mib or 0)]
+    if not fits and not migs:
+        if not plain:
+            raise NeverFits(f"no GPU of {where} takes shares (MIG enabled or memory unknown); ask for a mig profile")
+        largest = max(topo.memory[g] for g in plain)
+        raise NeverFits(f"needs {mib(claim.memory_mib or 0)} on one GPU; the largest GPU of {where} "
+                        f"has {mib(largest)}")
+    devices = len(set(fits) | {m.parent_index for m in migs})
+    if claim.distinct and groups > devices:
+        raise NeverFits(f"needs {groups} shares on distinct GPUs; {where} has {devices} GPUs that can take one")
+    if claim.exclusive is not None:
+        doms = {topo.domain_of(claim.exclusive, g) for g in fits}
+        doms.discard(None)
+        if groups > len(doms):
+            raise NeverFits(f"needs {groups} {domain_name(claim.exclusive, True)} to hold exclusively, "
+                            f"one per group; {where} has {len(doms)}")
+
+
+def _share_fits(topo: Topo, config: AllocatorConfig, claim: Claim, g: int) -> bool:
+    memory = claim.memory_mib if claim.memory_mib is not None else config.share_mib(topo.memory[g])
+    return memory <= topo.memory[g]

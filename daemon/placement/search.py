@@ -1,0 +1,260 @@
+"""The best k-subset of GPUs under an additive objective: branch and bound.
+
+Choosing k GPUs that maximise the sum of pair weights is the densest
+k-subgraph problem, NP-hard in general, but GPU machines are small and very
+regular. Three things keep the search short:
+
+- twins: GPUs that weigh the same to every other GPU and cost the same are
+  interchangeable, and the lower index always wins the tie-break, so only a
+  prefix of each twin class is ever tried (an NVSwitch box collapses to a few
+  classes);
+- an incumbent from a greedy pass polished by swaps, so most branches are cut
+  at once;
+- an upper bound per branch: what is chosen, plus for the r GPUs still to
+  choose the best r of (own cost + links to the chosen + half the r-1 best
+  links it has at all).
+
+The objective is one integer per set (see `daemon/placement/topo.py`):
+pair weights, minus costs per GPU, minus a cost per domain the set touches,
+plus a lowest-indices term, so every set has a distinct value and "optimal"
+means exactly one answer. Up to `EXACT_LIMIT` candidates the search always
+runs to the end; above it a budget of branches bounds the time and the answer is
+the best found (reported as not proven). The budget counts branches, each
+worth about `m` steps, so the time it allows does not depend on the clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+EXACT_LIMIT = 16
+WORK_BUDGET = 30_000
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A subset problem over local positions 0..m-1.
+
+    `weight[i][j]` >= 0 is the value of having both i and j; `unary[i]` the
+    value (usually a negative cost) of i; `domains[i]` the domains i lies in,
+    each costing `domain_cost[d]` once if the set touches it at all; `twin[i]`
+    equal for interchangeable positions (lower position = preferred twin).
+    """
+
+    weight: Sequence[Sequence[int]]
+    unary: Sequence[int]
+    domains: Sequence[tuple[int, ...]]
+    domain_cost: Mapping[int, int]
+    twin: Sequence[Hashable]
+
+    @property
+    def size(self) -> int:
+        return len(self.unary)
+
+    def value(self, chosen: Sequence[int]) -> int:
+        """The objective of a set, computed from scratch (for the greedy start)."""
+        total = sum(self.unary[i] for i in chosen)
+        for a, i in enumerate(chosen):
+            row = self.weight[i]
+            total += sum(row[j] for j in chosen[a + 1:])
+        touched = {d for i in chosen for d in self.domains[i]}
+        return total - sum(self.domain_cost.get(d, 0) for d in touched)
+
+
+@dataclass(frozen=True)
+class Answer:
+    value: int
+    chosen: tuple[int, ...]
+    proven: bool
+
+
+def best_subset(problem: Problem, k: int, budget: int | None = None) -> Answer | None:
+    """The k positions of highest value, or None when fewer than k exist."""
+    m = problem.size
+    if k > m or k < 1:
+        return None
+    if budget is None and m > EXACT_LIMIT:
+        budget = WORK_BUDGET // m
+    return _Search(problem, k, budget).run()
+
+
+class _Search:
+    """Depth-first over positions sorted most promising first.
+
+    The problem is renumbered into that order at the start, so a branch at
+    position `start` only ever looks at the tail `start:` of each array.
+    """
+
+    def __init__(self, problem: Problem, k: int, budget: int | None) -> None:
+        self.original = problem
+        self.k = k
+        self.budget = budget
+        self.nodes = 0
+        m = problem.size
+        top = [[0, *accumulate(sorted(problem.weight[i], reverse=True))] for i in range(m)]
+        self.order = _order(problem, k, top)
+        o = self.order
+        self.weight = [[problem.weight[i][j] for j in o] for i in o]
+        self.unary = [problem.unary[i] for i in o]
+        self.domains = [problem.domains[i] for i in o]
+        self.cost = problem.domain_cost
+        self.twin = [problem.twin[i] for i in o]
+        self.top = [[top[i][r - 1] for i in o] for r in range(1, k + 1)]
+        self.cross = [0] * m
+        self.chosen: list[int] = []
+        self.touched: dict[int, int] = {}
+        self.best_value = 0
+        self.best: tuple[int, ...] = ()
+        self.exhausted = True
+
+    def run(self) -> Answer:
+        first = _greedy(self.original, self.k, self.order)
+        self.best_value, self.best = self.original.value(first), tuple(first)
+        self._branch(0, 0)
+        return Answer(self.best_value, tuple(sorted(self.best)), self.exhausted)
+
+    def _bound(self, start: int, r: int, value: int) -> int:
+        """Twice the best value any completion of this branch could reach."""
+        gains = [2 * (u + c) + t for u, c, t in zip(self.unary[start:], self.cross[start:], self.top[r - 1][start:])]
+        gains.sort(reverse=True)
+        return 2 * value + sum(gains[:r])
+
+    def _branch(self, start: int, value: int) -> None:
+        chosen = self.chosen
+        r = self.k - len(chosen)
+        m = len(self.unary)
+        if m - start < r:
+            return
+        self.nodes += 1
+        if self.budget is not None and self.nodes > self.budget:
+            self.exhausted = False
+            return
+        if r == 1:
+            self._finish(start, value)
+            return
+        if self._bound(start, r, value) <= 2 * self.best_value:
+            return
+        twin = self.twin
+        for pos in range(start, m - r + 1):
+            if pos > start and twin[pos] == twin[pos - 1]:
+                continue
+            gain = self._take(pos)
+            chosen.append(pos)
+            self._branch(pos + 1, value + gain)
+            chosen.pop()
+            self._drop(pos)
+            if self.budget is not None and self.nodes > self.budget:
+                return
+
+    def _finish(self, start: int, value: int) -> None:
+        """The last GPU of a branch: no need to branch, the best one is known."""
+        need = self.best_value - value
+        upper = [u + c for u, c in zip(self.unary[start:], self.cross[start:])]
+        if not upper or max(upper) <= need:
+            return
+        for offset in sorted(range(len(upper)), key=upper.__getitem__, reverse=True):
+            if upper[offset] <= need:
+                break
+            gain = self._gain(start + offset)
+            if gain > need:
+                need = gain
+                self.best_value = value + gain
+                self.best = tuple(self.order[p] for p in self.chosen) + (self.order[start + offset],)
+
+    def _gain(self, pos: int) -> int:
+        gain = self.unary[pos] + self.cross[pos]
+        for d in self.domains[pos]:
+            if not self.touched.get(d, 0):
+                gain -= self.cost.get(d, 0)
+        return gain
+
+    def _take(self, pos: int) -> int:
+        gain = self._gain(pos)
+        for d in self.domains[pos]:
+            self.touched[d] = self.touched.get(d, 0) + 1
+        row, cross = self.weight[pos], self.cross
+        cross[pos + 1:] = [c + w for c, w in zip(cross[pos + 1:], row[pos + 1:])]
+        return gain
+
+    def _drop(self, pos: int) -> None:
+        for d in self.domains[pos]:
+            self.touched[d] -= 1
+        row, cross = self.weight[pos], self.cross
+        cross[pos + 1:] = [c - w for c, w in zip(cross[pos + 1:], row[pos + 1:])]
+
+
+def _order(p: Problem, k: int, top: list[list[int]]) -> list[int]:
+    """Most promising first, twins contiguous and in position order."""
+    first: dict[Hashable, int] = {}
+    for i in range(p.size):
+        first.setdefault(p.twin[i], i)
+    potential = {t: 2 * p.unary[i] + top[i][k - 1] for t, i in first.items()}
+    return sorted(range(p.size), key=lambda i: (-potential[p.twin[i]], first[p.twin[i]], i))
+
+
+def _greedy(p: Problem, k: int, order: list[int]) -> list[int]:
+    """A good first answer: grow from the most promising GPU, then swap while it helps."""
+    state = _Incremental(p)
+    state.add(order[0])
+    while len(state.chosen) < k:
+        state.add(max((j for j in order if j not in state.members), key=lambda j: (state.gain(j), -j)))
+    while state.improve():
+        pass
+    return state.chosen
+
+
+class _Incremental:
+    """A set with its links to every position kept up to date, for O(1) gains."""
+
+    def __init__(self, p: Problem) -> None:
+        self.p = p
+        self.chosen: list[int] = []
+        self.members: set[int] = set()
+        self.cross = [0] * p.size
+        self.touched: dict[int, int] = {}
+
+    def gain(self, j: int) -> int:
+        """What adding j to the set is worth."""
+        p = self.p
+        value = p.unary[j] + self.cross[j]
+        for d in p.domains[j]:
+            if not self.touched.get(d, 0):
+                value -= p.domain_cost.get(d, 0)
+        return value
+
+    def add(self, j: int) -> None:
+        self._move(j, 1)
+        self.chosen.append(j)
+        self.members.add(j)
+
+    def remove(self, j: int) -> None:
+        self._move(j, -1)
+        self.chosen.remove(j)
+        self.members.discard(j)
+
+    def _move(self, j: int, sign: int) -> None:
+        row, cross = self.p.weight[j], self.cross
+        for x in range(len(cross)):
+            cross[x] += sign * row[x]
+        for d in self.p.domains[j]:
+            self.touched[d] = self.touched.get(d, 0) + sign
+
+    def improve(self) -> bool:
+        """Make the single best swap that raises the value; False when none does."""
+        best: tuple[int, int, int] | None = None
+        for a in list(self.chosen):
+            self.remove(a)
+            loss = self.gain(a)
+            for j in range(self.p.size):
+                if j not in self.members and j != a:
+                    delta = self.gain(j) - loss
+                    if delta > 0 and (best is None or delta > best[0]):
+                        best = (delta, a, j)
+            self.add(a)
+        if best is None:
+            return False
+        self.remove(best[1])
+        self.add(best[2])
+        return True

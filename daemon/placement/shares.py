@@ -1,0 +1,194 @@
+"""Shares of one GPU and MIG instances: rank every device that can take it.
+
+A share (DRA consumable capacity) never spans two devices, so the choice is a
+ranking, not a search: binpack puts it where it leaves the least memory over
+on a GPU already shared, spread where the GPU is least used. Which GPUs may be
+shared at all, and how much a share takes, is decided here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from daemon.claims import Claim, Strategy
+from daemon.placement.explain import domain_name, mib, reasons_text
+from daemon.placement.records import DeviceShare, Score
+from daemon.placement.rules import Rules
+from daemon.placement.topo import Topo
+from daemon.placement.wholes import StageCosts
+from topology.model import MigDevice
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    key: tuple
+    device: DeviceShare
+    exclusive: frozenset[int] | None
+    note: str
+
+
+def share_size(rules: Rules, gpu: int) -> tuple[int, int]:
+    """Memory and compute a share claim takes on this GPU (defaults filled in)."""
+    claim = rules.claim
+    memory = claim.memory_mib if claim.memory_mib is not None else rules.config.share_mib(rules.topo.memory[gpu])
+    return memory, claim.compute_pct or 0
+
+
+def may_use_mig(claim: Claim) -> bool:
+    """A plain memory share may take a whole free MIG instance with at least that memory."""
+    return claim.kind == "share" and claim.memory_mib is not None and claim.compute_pct is None
+
+
+def share_options(rules: Rules, costs: StageCosts, reasons: dict[int, str]) -> list[DeviceChoice]:
+    topo, claim = rules.topo, rules.claim
+    found: list[DeviceChoice] = []
+
+    def big_enough(m: MigDevice) -> bool:
+        return (m.memory_mib or 0) >= (claim.memory_mib or 0)
+
+    for g in rules.pool_gpus():
+        if topo.mig[g]:
+            if may_use_mig(claim):
+                found += _mig_options(rules, costs, g, reasons, big_enough)
+            else:
+                reasons[g] = "MIG enabled (ask for a mig profile)"
+            continue
+        exclusive, refusal = _exclusive_domain(rules, g)
+        why = rules.why_not(g) or _share_refusal(rules, g) or refusal
+        if why is not None:
+            reasons[g] = why
+            continue
+        memory, compute = share_size(rules, g)
+        key = _share_key(rules, costs, g, memory, exclusive)
+        device = DeviceShare(gpu=g, mig_uuid=None, memory_mib=memory, compute_pct=compute, whole=False)
+        found.append(DeviceChoice(key, device, exclusive, _share_note(rules, g, memory)))
+    return found
+
+
+def mig_options(rules: Rules, costs: StageCosts, reasons: dict[int, str]) -> list[DeviceChoice]:
+    found: list[DeviceChoice] = []
+    for g in rules.pool_gpus():
+        if not rules.topo.mig[g]:
+            continue
+        found += _mig_options(rules, costs, g, reasons, lambda m: m.profile == rules.claim.mig)
+    return found
+
+
+def _mig_options(rules: Rules, costs: StageCosts, g: int, reasons: dict[int, str],
+                 wanted: Callable[[MigDevice], bool]) -> list[DeviceChoice]:
+    exclusive, refusal = _exclusive_domain(rules, g)
+    why = rules.why_not(g) or refusal
+    if why is not None:
+        reasons[g] = why
+        return []
+    out = []
+    for m in rules.topo.machine.gpu(g).mig_devices:
+        if not wanted(m):
+            continue
+        if rules.mig_taken(m.uuid):
+            reasons.setdefault(g, "its matching MIG instances are taken")
+            continue
+        holder = rules.ledger.mig_holder.get(m.uuid)
+        penalty = int(holder is not None) + len(rules.ledger.exclusive_on[g] & rules.ignore)
+        used = len(rules.groups(g) - {holder} if holder else rules.groups(g))
+        if rules.claim.strategy is Strategy.BINPACK:
+            rank: tuple = (int(used == 0), (m.memory_mib or 0), _fresh(rules.topo, costs, g), costs.fit[g])
+        else:
+            rank = (used,)
+        key = (penalty, _size_key(rules, exclusive), 1) + rank + (g, m.index)
+        device = DeviceShare(gpu=g, mig_uuid=m.uuid, memory_mib=m.memory_mib or 0, compute_pct=100, whole=True)
+        note = f"MIG {m.profile} instance {m.index} on GPU {g}"
+        out.append(DeviceChoice(key, device, exclusive, note))
+    return out
+
+
+def _share_refusal(rules: Rules, g: int) -> str | None:
+    if rules.topo.memory[g] <= 0:
+        return "memory size unknown"
+    if rules.held_whole(g):
+        return "in use as a whole GPU"
+    memory, compute = share_size(rules, g)
+    if rules.free_memory(g) < memory or rules.free_compute(g) < compute:
+        return "not enough free memory or compute"
+    return None
+
+
+def _exclusive_domain(rules: Rules, g: int) -> tuple[frozenset[int] | None, str | None]:
+    """The domain an exclusive claim would hold through GPU g, or why it can not."""
+    kind = rules.claim.exclusive
+    if kind is None:
+        return None, None
+    dom = rules.topo.domain_of(kind, g)
+    if dom is None:
+        return None, f"in no known {domain_name(kind)} (exclusive)"
+    if not rules.domain_is_free(dom):
+        return None, f"its {domain_name(kind)} is in use (exclusive)"
+    return dom, None
+
+
+def _fresh(topo: Topo, costs: StageCosts, g: int) -> int:
+    return sum(costs.fresh[d] for d in topo.domains_of[g])
+
+
+def _size_key(rules: Rules, exclusive: frozenset[int] | None) -> int:
+    """An exclusive claim holds a whole domain: binpack the smallest, spread the largest."""
+    size = len(exclusive) if exclusive else 0
+    return size if rules.claim.strategy is Strategy.BINPACK else -size
+
+
+def _share_key(rules: Rules, costs: StageCosts, g: int, memory: int, exclusive: frozenset[int] | None) -> tuple:
+    """binpack: a shared GPU first (tightest fit), then a MIG instance, then an unused GPU
+    where it breaks the fewest unused domains (and has the most room for the next shares);
+    spread: the least used GPU (by the larger of memory and compute used), in the least
+    used domains."""
+    topo = rules.topo
+    head = (rules.penalty(g), _size_key(rules, exclusive))
+    if rules.claim.strategy is Strategy.BINPACK:
+        if rules.groups(g):
+            return head + (0, rules.free_memory(g) - memory, _fresh(topo, costs, g), costs.fit[g], g, -1)
+        return head + (2, _fresh(topo, costs, g), costs.fit[g], -rules.free_memory(g), g, -1)
+    total = topo.memory[g]
+    used = max((total - rules.free_memory(g)) * 1000 // total, (100 - rules.free_compute(g)) * 10)
+    return head + (0, used, costs.fit[g], len(rules.groups(g)), g, -1)
+
+
+def _share_note(rules: Rules, g: int, memory: int) -> str:
+    others = len(rules.groups(g))
+    left = rules.free_memory(g) - memory
+    with_whom = f"shared with {others} other group{'s' if others != 1 else ''}" if others else "an unused GPU"
+    return f"{with_whom}, {mib(left)} left free"
+
+
+def device_score(choice: DeviceChoice, strategy: Strategy, total_mib: int) -> Score:
+    d = choice.device
+    if d.mig_uuid is not None:
+        text = f"{choice.note} ({mib(d.memory_mib)})"
+    else:
+        text = f"GPU {d.gpu}: {mib(d.memory_mib)} of {mib(total_mib)}, {d.compute_pct}% compute; {choice.note}"
+    text += f" ({strategy.value})"
+    return Score(nvlinks=0, pcie=0, explanation=text)
+
+
+def share_failure(rules: Rules, options_reasons: dict[int, str]) -> str:
+    claim = rules.claim
+    if claim.kind == "mig":
+        what = f"a free MIG {claim.mig} instance"
+    else:
+        sizes = sorted({share_size(rules, g)[0] for g in rules.pool_gpus() if not rules.topo.mig[g]})
+        memory = mib(sizes[0]) if len(sizes) == 1 else f"{mib(sizes[0])}-{mib(sizes[-1])}" if sizes else "memory"
+        what = f"{memory}{f' and {claim.compute_pct}% compute' if claim.compute_pct else ''} on one GPU"
+    text = f"needs {what}; none is free now"
+    roomiest = _roomiest(rules)
+    if roomiest and claim.kind == "share":
+        text += f"; the most free is {roomiest}"
+    return text + (f" (not usable: {reasons_text(options_reasons)})" if options_reasons else "")
+
+
+def _roomiest(rules: Rules) -> str | None:
+    gpus = [g for g in rules.pool_gpus() if not rules.topo.mig[g] and not rules.held_whole(g)
+            and rules.why_not(g) is None]
+    if not gpus:
+        return None
+    g = max(gpus, key=lambda x: (rules.free_memory(x), -x))
+    return f"{mib(max(0, rules.free_memory(g)))} and {max(0, rules.free_compute(g))}% compute on GPU {g}"
