@@ -84,8 +84,13 @@ def worker_env(
     naming: str = "indices",
     mps: MpsSettings | None = None,
     extra: Mapping[str, str] = {},
+    instance: str | None = None,
 ) -> dict[str, str]:
     """The complete environment of one worker: nothing else is inherited.
+
+    `instance` (cgd's state directory) is set as CG_INSTANCE so that a later
+    cgd can find this worker and its children after a crash, even ones the
+    state never recorded.
 
     CUDA_VISIBLE_DEVICES names the devices in the order given:
 
@@ -154,6 +159,8 @@ def worker_env(
         "CG_ROLE": role,
         "CG_ROLE_FILE": role_file,
     })
+    if instance is not None:
+        env["CG_INSTANCE"] = instance
     shares = [(ordinal, d) for ordinal, d in enumerate(merged) if not d.whole]
     if shares:
         env["CG_GPU_MEMORY_MIB"] = ",".join(str(d.memory_mib) for d in merged)

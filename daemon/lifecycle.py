@@ -1,0 +1,176 @@
+"""Assembling cgd's parts in order, and taking them apart in reverse.
+
+Start: one-instance lock, machine, state, supervisor on this loop, recovery
+of the previous run's workers, health loop, socket, READY=1. Stop: STOPPING=1,
+close the socket, stop the health loop, stop (or keep) the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import filelock
+
+from daemon import sdnotify
+from daemon.config import DaemonConfig
+from daemon.health import HealthMonitor
+from daemon.manager import Manager
+from daemon.recovery import recover, shutdown
+from daemon.server import CgdApp, listen
+from daemon.supervisor import Supervisor
+from daemon.transactions import StateKeeper
+from daemon.workers import WorkerPaths
+from daemon.worklogs import rotate_all
+from statefiles.errors import StateError
+from statefiles.store import StateStore
+
+log = logging.getLogger("cgd")
+
+
+@dataclass(frozen=True)
+class Options:
+    socket: Path
+    state_dir: Path
+    log_dir: Path
+    runtime_dir: Path
+    config: DaemonConfig
+    simulate: str | None
+    simulate_fallback: str | None
+    keep_workers: bool
+    system: bool
+
+
+class StartupError(Exception):
+    """cgd cannot start; the message says why and what to do."""
+
+
+class InstanceLock:
+    """One cgd per state directory: the second one is told who holds it."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.lock = filelock.FileLock(str(state_dir / "cgd.lock"), timeout=0)
+        self.pid_file = state_dir / "cgd.pid"
+        self.state_dir = state_dir
+
+    def acquire(self) -> None:
+        try:
+            self.lock.acquire()
+        except filelock.Timeout:
+            try:
+                pid = self.pid_file.read_text().strip()
+            except OSError:
+                pid = "?"
+            raise StartupError(f"cgd already runs as pid {pid} for {self.state_dir}") from None
+        self.pid_file.write_text(f"{os.getpid()}\n")
+
+    def release(self) -> None:
+        try:
+            self.pid_file.unlink()
+        except FileNotFoundError:
+            pass
+        self.lock.release()
+
+
+def open_machine(opts: Options):
+    """The gateway and machine, real or simulated, with the fallback rule."""
+    from topology import NvmlUnavailable, open_gateway
+    from topology.discovery import discover
+
+    try:
+        gateway = open_gateway(opts.simulate)
+    except NvmlUnavailable as exc:
+        if not opts.simulate_fallback:
+            raise StartupError(str(exc)) from None
+        log.warning("no NVIDIA driver here (%s); running on the simulated machine %s",
+                    str(exc).splitlines()[0], opts.simulate_fallback)
+        gateway = open_gateway(opts.simulate_fallback)
+    except (ValueError, OSError) as exc:
+        raise StartupError(str(exc)) from None
+    return gateway, discover(gateway)
+
+
+class Daemon:
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self.tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        opts = self.opts
+        for directory, mode in ((opts.state_dir, 0o700), (opts.log_dir, 0o755), (opts.runtime_dir, 0o755)):
+            directory.mkdir(parents=True, exist_ok=True)
+            os.chmod(directory, mode)
+        self.instance = InstanceLock(opts.state_dir)
+        self.instance.acquire()
+        try:
+            await self._start()
+        except BaseException:
+            self.instance.release()
+            raise
+
+    async def _start(self) -> None:
+        from topology.serialize import machine_to_dict
+        from topology.telemetry import Telemetry
+
+        opts = self.opts
+        self.gateway, machine = open_machine(opts)
+        try:
+            keeper = StateKeeper(machine, StateStore(opts.state_dir), opts.config)
+        except StateError as exc:
+            raise StartupError(str(exc)) from None
+        worker_paths = WorkerPaths(opts.log_dir, opts.runtime_dir, str(opts.state_dir.resolve()))
+        manager: Manager | None = None
+        self.supervisor = Supervisor(
+            opts.runtime_dir,
+            on_exit=lambda ev: manager.on_worker_exit(ev),
+            on_start=lambda ev: manager.on_worker_start(ev),
+        )
+        manager = Manager(keeper, self.supervisor, worker_paths)
+        self.manager = manager
+        await self.supervisor.start()
+        report = await recover(manager)
+        self.health = HealthMonitor(manager, Telemetry(self.gateway), opts.config.health)
+        self.health.start()
+        app = CgdApp(manager, self.health, opts.log_dir, opts.state_dir, machine_to_dict(machine))
+        self.server = listen(app, opts.socket, opts.system)
+        self.tasks.append(asyncio.get_running_loop().create_task(self._housekeeping()))
+        log.info(
+            "cgd ready on %s: %d GPUs (%s), state %s generation %d; adopted %d workers, started %d",
+            opts.socket, len(machine.gpus), machine.source, opts.state_dir, keeper.doc.generation,
+            len(report.adopted), len(report.started),
+        )
+        sdnotify.notify("READY=1")
+        sdnotify.notify(f"STATUS=serving {len(machine.gpus)} GPUs on {opts.socket}")
+
+    async def _housekeeping(self) -> None:
+        """Watchdog pings and log rotation, on their own timer."""
+        interval = sdnotify.watchdog_interval()
+        period = min(interval / 2, 10.0) if interval else 10.0
+        while True:
+            sdnotify.notify("WATCHDOG=1")
+            try:
+                await asyncio.to_thread(
+                    rotate_all, self.opts.log_dir, self.opts.config.log_max_bytes, self.opts.config.log_backups,
+                )
+            except OSError as exc:
+                log.warning("log rotation failed: %s", exc)
+            await asyncio.sleep(period)
+
+    async def stop(self) -> None:
+        sdnotify.notify("STOPPING=1")
+        log.info("stopping: %s workers", "keeping" if self.opts.keep_workers else "stopping")
+        self.server.stop()
+        for task in self.tasks:
+            task.cancel()
+        await self.health.stop()
+        await shutdown(self.manager, self.opts.keep_workers)
+        try:
+            self.opts.socket.unlink()
+        except FileNotFoundError:
+            pass
+        self.gateway.close()
+        self.instance.release()
+        log.info("cgd stopped")

@@ -1,0 +1,492 @@
+"""The operations of cgd: decide under the lock, write durably, then act.
+
+Every public coroutine here is one API operation. Decisions live in
+`daemon.transactions`; processes are only touched through the supervisor,
+and only after the state that asks for them is on disk (or, when stopping,
+before the state forgets them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import replace
+from typing import Any
+
+from daemon.claims import Claim
+from daemon.errors import BadRequest, Conflict, Forbidden, NotFound
+from daemon.requests import ComponentRequest, ReservationRequest
+from daemon.supervisor import Supervisor, WorkerExit, WorkerStart
+from daemon.transactions import (
+    Caller,
+    StateKeeper,
+    check_owner,
+    check_scale_in,
+    component_or_404,
+    dependents,
+    drop_displaced,
+    group_record,
+    new_component_records,
+    new_reservation,
+    release_if_held,
+    release_reservation,
+    remove_component,
+    scale_component,
+)
+from daemon.views import component_view, group_view, reservation_view
+from daemon.workers import (
+    WorkerPaths,
+    build_env,
+    build_spec,
+    parse_watcher_key,
+    replica_ref,
+    watcher_key,
+    write_role,
+)
+from statefiles.schema import StateDoc
+
+log = logging.getLogger("cgd.manager")
+
+
+class Manager:
+    def __init__(self, keeper: StateKeeper, supervisor: Supervisor, paths: WorkerPaths) -> None:
+        self.keeper = keeper
+        self.supervisor = supervisor
+        self.paths = paths
+        self.config = keeper.config
+        self.replica_states: dict[str, str] = {}
+        self._stopping: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._adhoc = 0
+
+    @property
+    def doc(self) -> StateDoc:
+        return self.keeper.doc
+
+    # -- supervisor callbacks -------------------------------------------------
+
+    def on_worker_exit(self, event: WorkerExit) -> None:
+        self._spawn(self._handle_exit(event))
+
+    def on_worker_start(self, event: WorkerStart) -> None:
+        self._spawn(self._record_start(event))
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _record_start(self, event: WorkerStart) -> None:
+        component, replica = parse_watcher_key(event.key)
+        ref = replica_ref(component, replica)
+        async with self.keeper.lock:
+            worker = self.doc.workers.get(ref)
+            if worker is None or (worker.pid == event.pid and worker.create_time == event.create_time):
+                return
+            with self.keeper.transaction() as doc:
+                if ref in doc.workers:
+                    doc.workers[ref] = replace(doc.workers[ref], pid=event.pid, create_time=event.create_time)
+            self.replica_states[ref] = "running"
+
+    async def _handle_exit(self, event: WorkerExit) -> None:
+        component, replica = parse_watcher_key(event.key)
+        ref = replica_ref(component, replica)
+        if event.key in self._stopping:
+            return
+        async with self.keeper.lock:
+            doc = self.doc
+            comp = doc.components.get(component)
+            worker = doc.workers.get(ref)
+            if comp is None or comp.state == "releasing" or worker is None or event.key in self._stopping:
+                return
+            partner = self._standby_partner(doc, component, replica) if worker.role == "primary" else None
+            if partner is not None:
+                await self._promote(ref, partner)
+                return
+            log.warning("worker %s (pid %s) exited with %s; %s", ref, event.pid, event.returncode,
+                        "restarting" if event.will_restart else "not restarting")
+            self.replica_states[ref] = "restarting" if event.will_restart else "failed"
+            with self.keeper.transaction() as doc:
+                w = doc.workers.get(ref)
+                if w is not None:
+                    doc.workers[ref] = replace(
+                        w, pid=None, create_time=None,
+                        restarts=w.restarts + (1 if event.will_restart else 0),
+                    )
+                if not event.will_restart and ref in doc.workers and component in doc.components:
+                    doc.components[component] = replace(doc.components[component], state="failed")
+
+    def _standby_partner(self, doc: StateDoc, component: str, replica: int) -> str | None:
+        """The live shadow that takes over when this primary dies, if any."""
+        comp = doc.components[component]
+        partners = [comp.shadow_of] if comp.shadow_of else dependents(doc, component)[0]
+        for name in partners:
+            ref = replica_ref(name, replica)
+            w = doc.workers.get(ref)
+            if w and w.role == "shadow" and w.pid and self.supervisor.is_running(watcher_key(name, replica)):
+                return ref
+        return None
+
+    async def _promote(self, dead_ref: str, partner_ref: str) -> None:
+        """Swap roles: the shadow serves now, the dead primary comes back as its shadow."""
+        now = self.keeper.clock()
+        with self.keeper.transaction() as doc:
+            p = doc.workers[partner_ref]
+            doc.workers[partner_ref] = replace(p, role="primary", promotions=p.promotions + 1,
+                                               last_promoted_at=now)
+            d = doc.workers[dead_ref]
+            doc.workers[dead_ref] = replace(d, role="shadow", pid=None, create_time=None)
+        partner = self.doc.workers[partner_ref]
+        owner = self.doc.components[partner.component]
+        write_role(self.paths, partner.component, partner.replica, "primary", owner.owner_uid, owner.owner_gid)
+        self.supervisor.signal(watcher_key(partner.component, partner.replica), self.config.promotion_signal)
+        log.warning("promoted %s to primary after %s died", partner_ref, dead_ref)
+        dead = self.doc.workers[dead_ref]
+        key = watcher_key(dead.component, dead.replica)
+        self._stopping.add(key)
+        try:
+            await self.supervisor.stop_worker(key, timeout=0)
+        finally:
+            self._stopping.discard(key)
+        await self._start_workers([dead_ref])
+
+    # -- starting and stopping ------------------------------------------------
+
+    async def _start_workers(self, refs: list[str]) -> None:
+        """Start workers the state already asks for, then record their pids."""
+        started = {}
+        for ref in refs:
+            w = self.doc.workers[ref]
+            comp = self.doc.components[w.component]
+            write_role(self.paths, comp.name, w.replica, w.role, comp.owner_uid, comp.owner_gid)
+            spec = build_spec(self.doc, comp, w.replica, w.role, self.paths, self.config)
+            started[ref] = await self.supervisor.start_worker(spec)
+            self.replica_states[ref] = "running"
+        with self.keeper.transaction() as doc:
+            for ref, ev in started.items():
+                if ref in doc.workers:
+                    doc.workers[ref] = replace(doc.workers[ref], pid=ev.pid, create_time=ev.create_time)
+
+    async def _stop_workers(self, refs: list[str]) -> None:
+        keys = []
+        for ref in refs:
+            w = self.doc.workers.get(ref)
+            if w is None:
+                continue
+            key = watcher_key(w.component, w.replica)
+            self._stopping.add(key)
+            keys.append((ref, key, w))
+        try:
+            for ref, key, w in keys:
+                if self.supervisor.is_running(key) or key in self.supervisor.keys():
+                    await self.supervisor.stop_worker(key)
+                elif w.pid and w.create_time:
+                    await self.supervisor.stop_stray(w.pid, w.create_time, 10.0)
+                self.replica_states.pop(ref, None)
+        finally:
+            for _, key, _ in keys:
+                self._stopping.discard(key)
+
+    # -- operations -------------------------------------------------------------
+
+    async def allocate(self, caller: Caller, request: ComponentRequest) -> dict[str, Any]:
+        if request.cwd is not None and not os.path.isdir(request.cwd):
+            raise BadRequest(f"cwd: {request.cwd} is not a directory")
+        async with self.keeper.lock:
+            with self.keeper.transaction() as doc:
+                comp = new_component_records(doc, self.keeper, request, caller)
+                if request.lease:
+                    doc.components[comp.name] = replace(comp, lease_start=_start_time(caller.pid))
+            refs = [ref for ref, w in self.doc.workers.items() if w.component == request.name]
+            try:
+                await self._start_workers(sorted(refs))
+            except Exception as exc:
+                log.error("starting %s failed: %s; undoing the allocation", request.name, exc)
+                await self._stop_workers(refs)
+                with self.keeper.transaction() as doc:
+                    remove_component(doc, self.keeper, request.name, {request.name})
+                raise BadRequest(f"could not start the workers of {request.name!r}: {exc}") from None
+            return self.component(request.name)
+
+    async def release(self, caller: Caller, name: str) -> dict[str, Any]:
+        async with self.keeper.lock:
+            comp = component_or_404(self.doc, name)
+            check_owner(caller, comp.owner_uid, f"component {name!r}")
+            return await self._release_locked([name])
+
+    async def release_all(self, caller: Caller) -> dict[str, Any]:
+        async with self.keeper.lock:
+            mine = [c.name for c in self.doc.components.values()
+                    if c.owner_uid == caller.uid and c.state != "releasing" and not c.deployment]
+            return await self._release_locked(mine)
+
+    async def _release_locked(self, names: list[str]) -> dict[str, Any]:
+        doc = self.doc
+        closure: list[str] = []
+        for name in names:
+            for member in (name, *dependents(doc, name)[0]):
+                if member not in closure:
+                    closure.append(member)
+        for name in closure:
+            sharers = [s for s in dependents(doc, name)[1] if s not in closure]
+            if sharers:
+                raise Conflict(f"component {sharers[0]!r} shares the groups of {name!r}: release it first")
+        with self.keeper.transaction() as doc:
+            for name in closure:
+                doc.components[name] = replace(doc.components[name], state="releasing")
+        refs = [ref for ref, w in self.doc.workers.items() if w.component in closure]
+        await self._stop_workers(refs)
+        freed: list[str] = []
+        with self.keeper.transaction() as doc:
+            for name in sorted(closure, key=lambda n: doc.components[n].shadow_of is None):
+                freed.extend(remove_component(doc, self.keeper, name, set(closure)))
+        return {"released": closure, "groups": sorted(freed)}
+
+    async def scale(self, caller: Caller, name: str, replicas: int) -> dict[str, Any]:
+        async with self.keeper.lock:
+            comp = component_or_404(self.doc, name)
+            check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if comp.shadow_of:
+                raise BadRequest(f"{name!r} is a shadow of {comp.shadow_of!r}: scale the primary")
+            if comp.deployment:
+                raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: scale it there")
+            shadows, _ = dependents(self.doc, name)
+            old = comp.replicas
+            if replicas < old:
+                gone = [replica_ref(n, i) for n in (name, *shadows) for i in range(replicas, old)]
+                check_scale_in(self.doc, comp, replicas)
+                await self._stop_workers(gone)
+            with self.keeper.transaction() as doc:
+                scale_component(doc, self.keeper, doc.components[name], replicas)
+            if replicas > old:
+                fresh = [replica_ref(n, i) for n in (name, *shadows) for i in range(old, replicas)]
+                await self._start_workers([r for r in fresh if r in self.doc.workers])
+            return self.component(name)
+
+    async def reserve(self, caller: Caller, request: ReservationRequest) -> dict[str, Any]:
+        async with self.keeper.lock:
+            with self.keeper.transaction() as doc:
+                record = new_reservation(doc, self.keeper, request, caller)
+            return reservation_view(self.doc, self.doc.reservations[record.name])
+
+    async def unreserve(self, caller: Caller, name: str) -> dict[str, Any]:
+        async with self.keeper.lock:
+            res = self.doc.reservations.get(name)
+            if res is None:
+                raise NotFound(f"no reservation named {name!r}")
+            check_owner(caller, res.owner_uid, f"reservation {name!r}")
+            with self.keeper.transaction() as doc:
+                groups = release_reservation(doc, self.keeper, name)
+            return {"released": name, "groups": groups}
+
+    async def create_group(self, caller: Caller, claim: Claim) -> dict[str, Any]:
+        async with self.keeper.lock:
+            with self.keeper.transaction() as doc:
+                n = max([int(g.split(".", 1)[1]) for g in doc.groups if g.startswith("group.")] + [0]) + 1
+                gid = f"group.{n}"
+                (placement,) = self.keeper.place(claim, [gid], f"@{caller.uid}")
+                drop_displaced(doc, self.keeper, (placement,))
+                doc.groups[gid] = group_record(
+                    self.keeper.machine, placement, claim, owner=f"@{caller.uid}",
+                    owner_uid=caller.uid, owner_gid=caller.gid, users=(), scope="all-replicas",
+                    replica=None, state="allocated", created=self.keeper.clock(),
+                )
+            return group_view(self.doc, self.doc.groups[gid])
+
+    async def delete_group(self, caller: Caller, gid: str) -> dict[str, Any]:
+        async with self.keeper.lock:
+            g = self.group_record(gid)
+            check_owner(caller, g.owner_uid, f"group {gid!r}")
+            if not g.owner.startswith("@"):
+                raise Conflict(f"group {gid!r} belongs to {g.owner!r}: release that instead")
+            with self.keeper.transaction() as doc:
+                del doc.groups[gid]
+                release_if_held(self.keeper.allocator, gid)
+            return {"released": gid}
+
+    async def drain_group(self, caller: Caller, gid: str) -> dict[str, Any]:
+        async with self.keeper.lock:
+            g = self.group_record(gid)
+            check_owner(caller, g.owner_uid, f"group {gid!r}")
+            if g.state in ("lost", "reserved"):
+                raise Conflict(f"group {gid!r} is {g.state} and cannot drain")
+            with self.keeper.transaction() as doc:
+                doc.groups[gid] = replace(doc.groups[gid], state="draining")
+            return group_view(self.doc, self.doc.groups[gid])
+
+    async def drain_gpu(self, caller: Caller, index: int, drain: bool) -> dict[str, Any]:
+        async with self.keeper.lock:
+            try:
+                gpu = self.keeper.machine.gpu(index)
+            except KeyError:
+                raise NotFound(f"no GPU {index}: `cgctl topo` lists the GPUs") from None
+            groups = [g for g in self.doc.groups.values() if any(d.gpu_index == index for d in g.devices)]
+            if not caller.is_root and caller.uid != os.geteuid():
+                for g in groups:
+                    check_owner(caller, g.owner_uid, f"group {g.id!r} on GPU {index}")
+            with self.keeper.transaction() as doc:
+                drained = [u for u in doc.drained if u != gpu.uuid]
+                if drain:
+                    drained.append(gpu.uuid)
+                doc.drained = tuple(drained)
+                for g in groups:
+                    current = doc.groups[g.id]
+                    if drain and current.state == "allocated":
+                        doc.groups[g.id] = replace(current, state="draining")
+                    elif not drain and current.state == "draining":
+                        doc.groups[g.id] = replace(current, state="allocated")
+            return {"gpu": index, "drained": drain, "groups": sorted(g.id for g in groups)}
+
+    # -- health, leases, expiry -------------------------------------------------
+
+    def worker_pids_and_shares(self) -> tuple[dict[int, str], dict[tuple[str, int], int]]:
+        roots: dict[int, str] = {}
+        for ref, pids in self._pids().items():
+            for pid in pids:
+                roots[pid] = ref
+        shares: dict[tuple[str, int], int] = {}
+        for g in self.doc.groups.values():
+            for d in g.devices:
+                if not d.whole:
+                    for ref in g.users:
+                        key = (ref, d.gpu_index)
+                        shares[key] = shares.get(key, 0) + d.memory_mib
+        return roots, shares
+
+    async def apply_health(self, facts) -> None:
+        """Drain GPUs that failed, mark their groups degraded, account foreign memory."""
+        foreign = {i: sum(p["used_memory_mib"] or 0 for p in f.foreign) for i, f in facts.items()}
+        self.keeper.allocator.set_foreign(foreign)
+        failed = {i for i, f in facts.items() if f.health != "ok"}
+        async with self.keeper.lock:
+            self.keeper.unhealthy = failed
+            self.keeper.allocator.set_unavailable(self.keeper.unavailable_gpus(self.doc))
+            uuids = {self.keeper.machine.gpu(i).uuid for i in failed}
+            newly = uuids - set(self.doc.drained)
+            hit = [g.id for g in self.doc.groups.values()
+                   if g.state in ("allocated", "draining") and any(d.gpu_uuid in uuids for d in g.devices)]
+            if newly or hit:
+                for i in sorted(failed):
+                    log.error("GPU %d failed: %s; draining it", i, "; ".join(facts[i].reasons))
+                with self.keeper.transaction() as doc:
+                    doc.drained = tuple(sorted(set(doc.drained) | uuids))
+                    for gid in hit:
+                        doc.groups[gid] = replace(doc.groups[gid], state="degraded")
+                    for name in {u.split("/")[0] for gid in hit for u in doc.groups[gid].users}:
+                        if name in doc.components:
+                            doc.components[name] = replace(doc.components[name], state="degraded")
+        for i, f in facts.items():
+            for over in f.over_share:
+                log.warning("worker %s uses %d MiB on GPU %d, over its share of %d MiB",
+                            over["replica"], over["used_memory_mib"], i, over["share_mib"])
+                if self.config.share_enforcement == "stop":
+                    name, _, replica = over["replica"].partition("/")
+                    key = watcher_key(name, int(replica))
+                    if self.supervisor.is_running(key):
+                        self._stopping.add(key)
+                        try:
+                            await self.supervisor.stop_worker(key)
+                        finally:
+                            self._stopping.discard(key)
+                        self.replica_states[over["replica"]] = "stopped-over-share"
+
+    async def expire(self) -> None:
+        """Release leases whose client died and reservations past their time."""
+        now = self.keeper.clock()
+        dead = [c.name for c in self.doc.components.values()
+                if c.lease_pid and c.state != "releasing" and not _alive(c.lease_pid, c.lease_start)]
+        if dead:
+            async with self.keeper.lock:
+                live = [n for n in dead if n in self.doc.components]
+                log.warning("releasing %s: the client that held the lease is gone", ", ".join(live))
+                await self._release_locked(live)
+        expired = [r.name for r in self.doc.reservations.values() if r.expires_at <= now]
+        if expired:
+            async with self.keeper.lock:
+                with self.keeper.transaction() as doc:
+                    for name in expired:
+                        if name in doc.reservations:
+                            release_reservation(doc, self.keeper, name)
+                log.info("reservations expired: %s", ", ".join(expired))
+
+    # -- reads --------------------------------------------------------------------
+
+    def group_record(self, gid: str):
+        g = self.doc.groups.get(gid)
+        if g is None:
+            raise NotFound(f"no group {gid!r}: `cgctl list` shows the groups in use")
+        return g
+
+    def component(self, name: str) -> dict[str, Any]:
+        comp = component_or_404(self.doc, name)
+        return component_view(self.doc, comp, self._pids(), self.config.device_naming, self.replica_states)
+
+    def components(self, owner: int | None = None) -> list[dict[str, Any]]:
+        pids = self._pids()
+        return [
+            component_view(self.doc, c, pids, self.config.device_naming, self.replica_states)
+            for c in sorted(self.doc.components.values(), key=lambda c: c.name)
+            if c.state != "releasing" and (owner is None or c.owner_uid == owner)
+        ]
+
+    def reservations(self) -> list[dict[str, Any]]:
+        return [reservation_view(self.doc, r) for r in sorted(self.doc.reservations.values(), key=lambda r: r.name)]
+
+    def groups(self, component: str | None, state: str | None, gpu: int | None) -> list[dict[str, Any]]:
+        out = []
+        for g in sorted(self.doc.groups.values(), key=lambda g: g.id):
+            if component and component != g.owner and not any(u.split("/")[0] == component for u in g.users):
+                continue
+            if state and g.state != state:
+                continue
+            if gpu is not None and not any(d.gpu_index == gpu for d in g.devices):
+                continue
+            out.append(group_view(self.doc, g))
+        return out
+
+    def env(self, caller: Caller, name: str, replica: int) -> dict[str, str]:
+        comp = component_or_404(self.doc, name)
+        check_owner(caller, comp.owner_uid, f"component {name!r}")
+        if not 0 <= replica < comp.replicas:
+            raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
+        worker = self.doc.workers.get(replica_ref(name, replica))
+        role = worker.role if worker else ("shadow" if comp.shadow_of else "primary")
+        return build_env(self.doc, comp, replica, role, self.paths, self.config)
+
+    def owned_component(self, caller: Caller, name: str, replica: int):
+        comp = component_or_404(self.doc, name)
+        if not caller.is_root and caller.uid != comp.owner_uid:
+            raise Forbidden(f"component {name!r} belongs to uid {comp.owner_uid}; its logs are its owner's")
+        if not 0 <= replica < max(comp.replicas, 1):
+            raise NotFound(f"{name!r} has no replica {replica}")
+        return comp
+
+    def _pids(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for ref, w in self.doc.workers.items():
+            live = self.supervisor.pids(watcher_key(w.component, w.replica))
+            if live:
+                out[ref] = live
+            elif w.pid:
+                out[ref] = [w.pid]
+        return out
+
+
+def _alive(pid: int, start: float | None) -> bool:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return start is None or abs(proc.create_time() - start) < 0.01
+    except psutil.Error:
+        return False
+
+
+def _start_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None

@@ -1,0 +1,238 @@
+"""A real cgd on simulated machines, driven over its socket, real workers checked in /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.daemon_fixture import Cgd
+
+pytestmark = pytest.mark.slow
+
+# A worker that sleeps, and on SIGUSR1 notes the role its role file now says.
+WORKER = (
+    "import os, signal, sys, time\n"
+    "def promoted(*_):\n"
+    "    with open(os.environ['CG_ROLE_FILE']) as f: role = f.read().strip()\n"
+    "    print('promoted to', role, flush=True)\n"
+    "signal.signal(signal.SIGUSR1, promoted)\n"
+    "print('started', os.environ.get('CG_ROLE'), os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True)\n"
+    "while True: time.sleep(0.05)\n"
+)
+
+
+def worker_cmd() -> list[str]:
+    return [sys.executable, "-c", WORKER]
+
+
+def proc_env(pid: int) -> dict[str, str]:
+    """The worker's environment once the launch shim has exec'd into it."""
+    def read() -> dict[str, str] | None:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+        env = dict(item.decode().split("=", 1) for item in raw.split(b"\0") if b"=" in item)
+        return env if "CG_COMPONENT" in env else None
+    return wait_for(read)
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def allocate(cgd: Cgd, body: dict, expect: int = 201) -> dict:
+    status, reply = cgd.request("POST", "/v1/components", body)
+    assert status == expect, (status, reply, cgd.log())
+    return reply
+
+
+def state_file(cgd: Cgd) -> dict:
+    return json.loads((cgd.state_dir / "state.json").read_text())
+
+
+def test_whole_gpus_worker_env_and_release(cgd: Cgd) -> None:
+    comp = allocate(cgd, {"name": "trainer", "claim": {"gpus": 4, "colocate": "nvlink"},
+                          "command": worker_cmd(), "env": {"MODEL": "llama"}})
+    replica = comp["replicas"][0]
+    assert len(replica["devices"]) == 4
+    pid = wait_for(lambda: cgd.request("GET", "/v1/components/trainer")[1]["replicas"][0]["pids"])[0]
+    env = proc_env(pid)
+    indices = sorted(d["index"] for d in replica["devices"])
+    assert env["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, indices))
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env["CG_COMPONENT"] == "trainer" and env["CG_REPLICA"] == "0" and env["CG_ROLE"] == "primary"
+    assert env["MODEL"] == "llama"
+    assert "CG_SOCKET" not in env, "workers get a clean environment, not cgd's"
+    assert psutil.Process(pid).uids().real == os.getuid()
+    log_file = wait_for(lambda: [p for p in cgd.log_dir.rglob("*") if p.is_file() and p.stat().st_size])
+    assert any("started primary" in p.read_text() for p in log_file)
+
+    status, reply = cgd.request("DELETE", "/v1/components/trainer")
+    assert status == 200 and reply["released"] == ["trainer"]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert state_file(cgd)["groups"] == {}
+
+
+def test_fractional_shares_pack_and_exhaust(cgd: Cgd) -> None:
+    for name in ("a", "b", "c"):
+        allocate(cgd, {"name": name, "claim": {"memory_mib": 20480}})
+    gpus = {d["index"] for n in "abc"
+            for d in cgd.request("GET", f"/v1/components/{n}")[1]["replicas"][0]["devices"]}
+    assert len(gpus) == 1, "binpack puts three 20 GiB shares on one 80 GiB GPU"
+    status, reply = cgd.request("POST", "/v1/components", {"name": "huge", "claim": {"gpus": 9}})
+    assert status == 422 and reply["error"]["code"] == "unsatisfiable"
+    allocate(cgd, {"name": "eight", "claim": {"gpus": 7}})
+    status, reply = cgd.request("POST", "/v1/components", {"name": "one-more", "claim": {"gpus": 1}})
+    assert status == 409 and reply["error"]["code"] == "insufficient_capacity", reply
+
+
+def test_bad_requests_change_nothing_and_daemon_survives(cgd: Cgd) -> None:
+    allocate(cgd, {"name": "keep", "claim": {"gpus": 1}})
+    before = state_file(cgd)
+    bad = [
+        ("POST", "/v1/components", b"\x00\xff garbage"),
+        ("POST", "/v1/components", b'{"name": "x", "claim": {"gpus": "two"}}'),
+        ("POST", "/v1/components", b'{"name": "x", "claim": {"gpus": 1}, "colour": "red"}'),
+        ("POST", "/v1/components", b'{"name": "../etc", "claim": {"gpus": 1}}'),
+        ("POST", "/v1/components", b'{"name": "a/b", "claim": {"gpus": 1}}'),
+        ("POST", "/v1/components", b"[" * 10000 + b"]" * 10000),
+        ("POST", "/v1/components", b'{"name": "x", "claim": {"gpus": 1}, "env": {"CUDA_VISIBLE_DEVICES": "0"}}'),
+        ("POST", "/v1/components/keep/scale", b'{"replicas": -1}'),
+        ("DELETE", "/v1/components/..", None),
+        ("GET", "/v1/nothing-here", None),
+        ("PUT", "/v1/components", b"{}"),
+    ]
+    for method, path, raw in bad:
+        status, reply = cgd.request(method, path, raw=raw)
+        assert 400 <= status < 500, (method, path, status, reply)
+        assert set(reply["error"]) == {"code", "message"}
+    status, reply = cgd.request("POST", "/v1/components", raw=b"{" + b" " * (2 * 1024 * 1024) + b"}")
+    assert status == 413
+    # A truncated HTTP request and a connection closed mid-body.
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(cgd.socket))
+        s.sendall(b"POST /v1/components HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"na")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(cgd.socket))
+        s.sendall(b"GARBAGE\r\n\r\n")
+    assert state_file(cgd) == before
+    assert cgd.request("GET", "/v1/version")[0] == 200
+
+
+def test_second_daemon_on_same_state_is_refused(start_cgd, cgd: Cgd) -> None:
+    second = subprocess.run(
+        [*cgd.command()[:-6], "--socket", str(cgd.root / "other.sock"),
+         "--state-dir", str(cgd.state_dir), "--log-dir", str(cgd.log_dir)],
+        env=cgd.env(), capture_output=True, text=True, timeout=30,
+    )
+    assert second.returncode != 0
+    assert f"cgd already runs as pid {cgd.proc.pid} for {cgd.state_dir}" in second.stderr
+
+
+def test_kill9_adopts_workers_without_restart(start_cgd) -> None:
+    cgd = start_cgd("dgx-h100")
+    allocate(cgd, {"name": "svc", "claim": {"gpus": 2}, "replicas": 2, "command": worker_cmd()})
+    pids = wait_for(lambda: [r["pids"][0] for r in cgd.request("GET", "/v1/components/svc")[1]["replicas"]
+                             if r["pids"]] if all(r["pids"] for r in cgd.request("GET", "/v1/components/svc")[1]["replicas"]) else None)
+    cgd.kill9()
+    for pid in pids:
+        assert psutil.pid_exists(pid), "workers survive the daemon's SIGKILL"
+    cgd.start()
+    reply = cgd.request("GET", "/v1/components/svc")[1]
+    assert sorted(p for r in reply["replicas"] for p in r["pids"]) == sorted(pids), "adopted, not restarted"
+    # Once an adopted worker exits, cgd supervises a fresh one again.
+    os.kill(pids[0], signal.SIGKILL)
+    fresh = wait_for(lambda: [p for r in cgd.request("GET", "/v1/components/svc")[1]["replicas"]
+                              for p in r["pids"] if p not in pids])
+    assert fresh
+
+
+def test_sigterm_stops_workers_and_keep_workers_leaves_them(start_cgd) -> None:
+    cgd = start_cgd("workstation-4x-pcie")
+    allocate(cgd, {"name": "w", "claim": {"gpus": 1}, "command": worker_cmd()})
+    pid = wait_for(lambda: cgd.request("GET", "/v1/components/w")[1]["replicas"][0]["pids"])[0]
+    assert cgd.stop() == 0
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+
+    cgd.extra_args = ("--keep-workers",)
+    cgd.start()
+    pid2 = wait_for(lambda: cgd.request("GET", "/v1/components/w")[1]["replicas"][0]["pids"])[0]
+    assert pid2 != pid, "a stopped worker starts again with the daemon"
+    assert cgd.stop() == 0
+    assert psutil.pid_exists(pid2)
+    cgd.extra_args = ()
+    cgd.start()
+    assert cgd.request("GET", "/v1/components/w")[1]["replicas"][0]["pids"] == [pid2]
+
+
+def test_shadow_promotion(cgd: Cgd) -> None:
+    allocate(cgd, {"name": "web", "claim": {"gpus": 1}, "command": worker_cmd()})
+    allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
+    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
+    shadow = wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["pids"])[0]
+    assert proc_env(shadow)["CUDA_VISIBLE_DEVICES"] == proc_env(primary)["CUDA_VISIBLE_DEVICES"]
+    assert proc_env(shadow)["CG_ROLE"] == "shadow"
+    role_file = Path(proc_env(shadow)["CG_ROLE_FILE"])
+    assert role_file.read_text().strip() == "shadow"
+    os.kill(primary, signal.SIGKILL)
+    wait_for(lambda: role_file.read_text().strip() == "primary", timeout=5)
+    reply = cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]
+    assert reply["role"] == "primary" and reply["pids"] == [shadow]
+    new_shadow = wait_for(lambda: [p for p in cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"]
+                                   if p != primary])[0]
+    assert proc_env(new_shadow)["CG_ROLE"] == "shadow"
+    out = wait_for(lambda: [p for p in cgd.log_dir.rglob("*") if p.is_file() and "promoted to primary" in p.read_text()])
+    assert out
+
+
+def test_injected_gpu_fault_drains_and_degrades(start_cgd, tmp_path: Path) -> None:
+    config = tmp_path / "cgd.toml"
+    config.write_text("[health]\ninterval_s = 0.2\n")
+    cgd = start_cgd("dgx-h100", "--config", str(config))
+    allocate(cgd, {"name": "victim", "claim": {"gpu_ids": [3], "gpus": 1}})
+    cgd.faults_file.write_text(json.dumps({"xid": [{"gpu": 3, "code": 79}],
+                                           "processes": [{"gpu": 5, "pid": 999999, "used_memory_mib": 4096}]}))
+    def degraded():
+        status = cgd.request("GET", "/v1/status")[1]
+        gpu3 = status["gpus"][3]
+        return gpu3 if gpu3["drained"] and gpu3["degraded"] else None
+    gpu3 = wait_for(degraded)
+    assert "79" in " ".join(gpu3["reasons"])
+    gpu5 = cgd.request("GET", "/v1/status")[1]["gpus"][5]
+    assert gpu5["memory_foreign_mib"] == 4096
+    assert cgd.request("GET", "/v1/components/victim")[1]["state"] == "degraded"
+    status, reply = cgd.request("POST", "/v1/components", {"name": "x", "claim": {"gpu_ids": [3], "gpus": 1}})
+    assert status in (409, 422), reply
+
+
+def test_lease_released_when_client_dies(cgd: Cgd) -> None:
+    client = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, json; sys.path.insert(0, %r)\n"
+         "from tests.daemon_fixture import UnixHTTPConnection\n"
+         "c = UnixHTTPConnection(%r)\n"
+         "c.request('POST', '/v1/components', body=json.dumps({'name': 'leased', 'claim': {'gpus': 1}, 'lease': True}),"
+         " headers={'Content-Type': 'application/json'})\n"
+         "print(c.getresponse().status, flush=True)\n"
+         "import time; time.sleep(60)\n" % (str(Path(__file__).parents[2]), str(cgd.socket))],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert client.stdout.readline().strip() == "201"
+    assert cgd.request("GET", "/v1/components/leased")[0] == 200
+    client.kill()
+    client.wait()
+    client.stdout.close()
+    wait_for(lambda: cgd.request("GET", "/v1/components/leased")[0] == 404, timeout=15)

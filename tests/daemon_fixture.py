@@ -1,0 +1,200 @@
+"""A real cgd on a simulated machine, for end-to-end tests.
+
+Tests talk to it the way users do: through the installed `cgctl`, or raw HTTP
+on its Unix socket. Nothing here reaches into the daemon's insides.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = 10.0) -> None:
+        super().__init__("cgd", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+@dataclass
+class Cgd:
+    """One running daemon and the directories it owns."""
+
+    root: Path
+    machine: str
+    extra_args: tuple[str, ...] = ()
+    env_extra: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.root / "run" / "cgd.sock"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def faults_file(self) -> Path:
+        return self.root / "faults.json"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.root / "cgd.stderr"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            CG_SOCKET=str(self.socket),
+            CG_SIM_FAULTS=str(self.faults_file),
+            PYTHONUNBUFFERED="1",
+        )
+        env.pop("CG_SIMULATE", None)
+        env.update(self.env_extra)
+        return env
+
+    def command(self) -> list[str]:
+        return [
+            _executable("cgd"),
+            "--simulate", self.machine,
+            "--socket", str(self.socket),
+            "--state-dir", str(self.state_dir),
+            "--log-dir", str(self.log_dir),
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 20.0) -> Cgd:
+        (self.root / "run").mkdir(parents=True, exist_ok=True)
+        stderr = open(self.stderr_path, "ab")
+        self.proc = subprocess.Popen(
+            self.command(), env=self.env(), stdin=subprocess.DEVNULL,
+            stdout=stderr, stderr=stderr, start_new_session=True,
+        )
+        stderr.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"cgd exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                status, _ = self.request("GET", "/v1/version", timeout=1.0)
+                if status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"cgd did not answer within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")[-6000:]
+        except FileNotFoundError:
+            return ""
+
+    def request(
+        self, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+        timeout: float = 10.0,
+    ) -> tuple[int, Any]:
+        conn = UnixHTTPConnection(str(self.socket), timeout=timeout)
+        try:
+            data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+            headers = {"Content-Type": "application/json"} if data is not None else {}
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            payload = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(payload) if payload else None
+        except ValueError:
+            return resp.status, payload.decode(errors="replace")
+
+    def cgctl(self, *args: str, timeout: float = 30.0, input: str | None = None,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        full_env = self.env()
+        if env:
+            full_env.update(env)
+        return subprocess.run(
+            [_executable("cgctl"), *args], env=full_env, capture_output=True,
+            text=True, timeout=timeout, input=input,
+        )
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            raise
+
+
+    def worker_pids(self) -> list[int]:
+        """Every live process this daemon's workers started, whether cgd still
+        runs or was killed and left them orphaned: they carry its marker."""
+        marker = f"CG_INSTANCE={self.state_dir.resolve()}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                found.append(int(entry))
+        return found
+
+    def cleanup(self) -> None:
+        """Stop the daemon, then kill whatever it left behind."""
+        if self.proc is None:
+            return
+        try:
+            self.stop()
+        finally:
+            for pid in self.worker_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _executable(name: str) -> str:
+    """Prefer the script installed beside this interpreter (the venv's)."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} is not installed: run pip install -e '.[test]'")
+    return found
