@@ -58,6 +58,8 @@ class Allocator:
         live = [gid for gid in ids if gid in self.ledger.holdings]
         if live:
             raise ValueError(f"group {live[0]!r} is already placed")
+        if claim.strategy is None:
+            claim = replace(claim, strategy=self.config.default_strategy)
         check_ever(self.topo, self.config, claim, len(ids))
         undo: list[tuple[str, Holding]] = []
         placements: list[Placement] = []

@@ -84,7 +84,8 @@ class Claim:
     compute_pct: int | None = None
     mig: str | None = None
     distinct: bool = False
-    strategy: Strategy = Strategy.BINPACK
+    strategy: Strategy | None = None
+    """None: the daemon's configured default (binpack unless configured)."""
     colocate: DomainKind | None = None
     exclusive: DomainKind | None = None
     pool: str | None = None
@@ -96,7 +97,8 @@ class Claim:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "strategy", _enum(Strategy, self.strategy, "strategy"))
+        if self.strategy is not None:
+            set_(self, "strategy", _enum(Strategy, self.strategy, "strategy"))
         for key in ("colocate", "exclusive"):
             if getattr(self, key) is not None:
                 set_(self, key, _enum(DomainKind, getattr(self, key), key))

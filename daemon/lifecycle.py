@@ -19,6 +19,7 @@ from daemon import sdnotify
 from daemon.config import DaemonConfig
 from daemon.health import HealthMonitor
 from daemon.manager import Manager
+from daemon.mps import MpsControl, MpsError
 from daemon.recovery import recover, shutdown
 from daemon.server import CgdApp, listen
 from daemon.supervisor import Supervisor
@@ -128,6 +129,13 @@ class Daemon:
             on_exit=lambda ev: manager.on_worker_exit(ev),
             on_start=lambda ev: manager.on_worker_start(ev),
         )
+        self.mps = None
+        if opts.config.mps:
+            self.mps = MpsControl(opts.runtime_dir / "mps", opts.log_dir / "mps")
+            try:
+                self.mps.start()
+            except MpsError as exc:
+                raise StartupError(str(exc)) from None
         manager = Manager(keeper, self.supervisor, worker_paths)
         self.manager = manager
         await self.supervisor.start()
@@ -167,6 +175,8 @@ class Daemon:
             task.cancel()
         await self.health.stop()
         await shutdown(self.manager, self.opts.keep_workers)
+        if self.mps is not None and not self.opts.keep_workers:
+            self.mps.stop()
         try:
             self.opts.socket.unlink()
         except FileNotFoundError:

@@ -384,3 +384,17 @@ def test_errors_are_placement_errors() -> None:
     assert issubclass(NeverFits, PlacementError) and issubclass(DoesNotFitNow, PlacementError)
     with pytest.raises(NeverFits):
         one(Allocator(machine("cpu-only")), Claim(memory_mib=1))
+
+
+def test_a_claim_without_strategy_takes_the_configured_default() -> None:
+    from daemon.allocator import Allocator
+    from daemon.claims import AllocatorConfig, Claim, Strategy
+    from topology import load_machine
+
+    machine = load_machine("workstation-4x-pcie")
+    shares = [Claim(memory_mib=10240) for _ in range(3)]
+    spread = Allocator(machine, AllocatorConfig(default_strategy=Strategy.SPREAD))
+    packed = Allocator(machine, AllocatorConfig())
+    spread_gpus = {spread.allocate(c, [f"s{i}"], "x")[0].devices[0].gpu for i, c in enumerate(shares)}
+    packed_gpus = {packed.allocate(c, [f"p{i}"], "x")[0].devices[0].gpu for i, c in enumerate(shares)}
+    assert len(spread_gpus) == 3 and len(packed_gpus) == 1

@@ -236,3 +236,39 @@ def test_lease_released_when_client_dies(cgd: Cgd) -> None:
     client.wait()
     client.stdout.close()
     wait_for(lambda: cgd.request("GET", "/v1/components/leased")[0] == 404, timeout=15)
+
+
+def test_release_cut_short_by_a_crash_is_finished_on_restart(start_cgd) -> None:
+    from dataclasses import replace
+
+    from statefiles.store import StateStore
+
+    cgd = start_cgd("dgx-h100")
+    allocate(cgd, {"name": "half", "claim": {"gpus": 1}, "command": worker_cmd()})
+    allocate(cgd, {"name": "keep", "claim": {"gpus": 1}, "command": worker_cmd()})
+    half = wait_for(lambda: cgd.request("GET", "/v1/components/half")[1]["replicas"][0]["pids"])[0]
+    keep = wait_for(lambda: cgd.request("GET", "/v1/components/keep")[1]["replicas"][0]["pids"])[0]
+    cgd.kill9()
+    # What a crash between "releasing" and the workers' stop leaves behind.
+    with StateStore(cgd.state_dir).transaction() as doc:
+        doc.components["half"] = replace(doc.components["half"], state="releasing")
+    cgd.start()
+    wait_for(lambda: not psutil.pid_exists(half) or psutil.Process(half).status() == psutil.STATUS_ZOMBIE)
+    assert cgd.request("GET", "/v1/components/half")[0] == 404
+    assert "half-0" not in state_file(cgd)["groups"]
+    assert cgd.request("GET", "/v1/components/keep")[1]["replicas"][0]["pids"] == [keep]
+
+
+def test_worker_over_its_share_is_stopped_when_policy_says_so(start_cgd, tmp_path: Path) -> None:
+    config = tmp_path / "cgd.toml"
+    config.write_text('[health]\ninterval_s = 0.2\n[shares]\nenforcement = "stop"\n')
+    cgd = start_cgd("dgx-h100", "--config", str(config))
+    comp = allocate(cgd, {"name": "greedy", "claim": {"memory_mib": 10240}, "command": worker_cmd(),
+                          "restart": {"max_retries": 0}})
+    gpu = comp["replicas"][0]["devices"][0]["index"]
+    pid = wait_for(lambda: cgd.request("GET", "/v1/components/greedy")[1]["replicas"][0]["pids"])[0]
+    cgd.faults_file.write_text(json.dumps({"processes": [{"gpu": gpu, "pid": pid, "used_memory_mib": 30000}]}))
+    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    over = cgd.request("GET", "/v1/status")[1]["gpus"][gpu]["over_share"]
+    assert over == [] or over[0]["replica"] == "greedy/0"
+    assert "over its share" in cgd.log()

@@ -40,7 +40,9 @@ def test_full_claim_round_trips() -> None:
 
 
 def test_defaults_are_left_out_of_the_canonical_form() -> None:
-    assert Claim.from_dict({"gpus": 1, "strategy": "binpack", "colocate": "none"}).to_dict() == {"gpus": 1}
+    assert Claim.from_dict({"gpus": 1, "colocate": "none"}).to_dict() == {"gpus": 1}
+    # An explicit strategy is kept: it overrides the daemon's configured default.
+    assert Claim.from_dict({"gpus": 1, "strategy": "binpack"}).to_dict() == {"gpus": 1, "strategy": "binpack"}
 
 
 @pytest.mark.parametrize("d, kind", [

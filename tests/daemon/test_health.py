@@ -1,0 +1,50 @@
+"""The health rules, on samples built by hand: no daemon needed."""
+
+from __future__ import annotations
+
+from daemon.config import HealthConfig
+from daemon.health import assess
+from topology.telemetry import GpuProcess, GpuSample
+
+
+def sample(index: int, **kw) -> GpuSample:
+    base = dict(
+        index=index, uuid=f"GPU-{index}", lost=False, memory_used_mib=0, memory_total_mib=81559,
+        temperature_c=40, xid_errors=(), ecc_uncorrected=0, remapped_rows_pending=False,
+        processes=(), utilization_pct=0,
+    )
+    base.update(kw)
+    return GpuSample(**base)
+
+
+def test_healthy_gpus_stay_ok() -> None:
+    facts = assess((sample(0), sample(1)), HealthConfig(), {}, {})
+    assert all(f.health == "ok" and not f.reasons for f in facts.values())
+
+
+def test_each_failure_is_named() -> None:
+    facts = assess(
+        (sample(0, lost=True), sample(1, xid_errors=(79,)), sample(2, xid_errors=(13,)),
+         sample(3, ecc_uncorrected=2), sample(4, temperature_c=95), sample(5, remapped_rows_pending=True)),
+        HealthConfig(), {}, {},
+    )
+    assert facts[0].health == "lost"
+    assert facts[1].health == "failed" and "79" in facts[1].reasons[0]
+    assert facts[2].health == "ok", "Xid 13 (a program's own fault) is not critical"
+    assert facts[3].health == "failed" and "ECC" in facts[3].reasons[0]
+    assert facts[4].health == "failed" and "temperature" in facts[4].reasons[0]
+    assert facts[5].health == "failed" and "remapping" in facts[5].reasons[0]
+
+
+def test_foreign_processes_and_shares() -> None:
+    procs = (GpuProcess(100, 30000), GpuProcess(101, 5000), GpuProcess(555, 2048))
+    facts = assess((sample(0, processes=procs),), HealthConfig(), {100: "a/0", 101: "a/0"},
+                   {("a/0", 0): 20480})
+    f = facts[0]
+    assert f.foreign == [{"pid": 555, "used_memory_mib": 2048}]
+    assert f.over_share == [{"replica": "a/0", "used_memory_mib": 35000, "share_mib": 20480}]
+
+
+def test_whole_gpu_holders_have_no_share_limit() -> None:
+    facts = assess((sample(0, processes=(GpuProcess(100, 80000),)),), HealthConfig(), {100: "a/0"}, {})
+    assert facts[0].over_share == [] and facts[0].foreign == []
