@@ -187,6 +187,9 @@ def test_shadow_promotion(cgd: Cgd) -> None:
     assert proc_env(shadow)["CG_ROLE"] == "shadow"
     role_file = Path(proc_env(shadow)["CG_ROLE_FILE"])
     assert role_file.read_text().strip() == "shadow"
+    # The shadow must have installed its SIGUSR1 handler before it can be promoted.
+    shadow_log = cgd.log_dir / "web-standby" / "0.out"
+    wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
     os.kill(primary, signal.SIGKILL)
     wait_for(lambda: role_file.read_text().strip() == "primary", timeout=5)
     reply = cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]
