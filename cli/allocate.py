@@ -1,0 +1,78 @@
+"""`cgctl allocate` and `cgctl reserve`: ask cgd for devices, now or held."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from cli.connect import client, emit_json, emit_lines, json_wanted, talking
+from cli.options import (
+    DurationType,
+    attach_options,
+    build_component,
+    build_reservation,
+    claim_options,
+    process_options,
+    shape_options,
+)
+from cli.render import component_json, component_text, devices_label
+from daemon.client.sync import CgdClient
+
+
+@click.command()
+@click.argument("name")
+@claim_options
+@shape_options
+@attach_options
+@process_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
+def allocate(name: str, command: tuple[str, ...], explain: bool, **opts: Any) -> None:
+    """Allocate devices to component NAME; with CMD, also start its workers.
+
+    Without a size flag the component takes the reservation NAME
+    (`cgctl reserve`), or the groups of --share-with / --shadow-of.
+    """
+    body = build_component(name, opts, command)
+    cgd = client()
+    with talking():
+        if "claim" not in body and not ({"share_with", "shadow_of"} & set(body)):
+            _require_reservation(cgd, name)
+        component = cgd.create_component(body)
+    if json_wanted():
+        emit_json(component_json(component))
+    else:
+        emit_lines(component_text(component, "started" if command else "allocated", explain))
+
+
+def _require_reservation(cgd: CgdClient, name: str) -> None:
+    """Without a claim cgd can only use a reservation; say what to type
+    before asking it, rather than relay a missing-field error."""
+    if not any(r["name"] == name for r in cgd.list_reservations()["reservations"]):
+        raise click.UsageError(
+            f"say what {name} needs: --gpus N, --memory SIZE or --mig PROFILE "
+            f"(or `cgctl reserve {name} ...` first, or --share-with COMPONENT)")
+
+
+@click.command()
+@click.argument("name")
+@claim_options
+@shape_options
+@click.option("--ttl", type=DurationType(), default="10m", show_default=True,
+              help="How long the capacity is held before it expires (90s, 10m, 1h).")
+def reserve(name: str, ttl: float, **opts: Any) -> None:
+    """Hold capacity for NAME; `cgctl allocate NAME` later takes it."""
+    body = build_reservation(name, opts, ttl)
+    with talking():
+        reservation = client().create_reservation(body)
+    if json_wanted():
+        emit_json(reservation)
+        return
+    groups = reservation.get("groups") or []
+    devices = devices_label(d for g in groups for d in g.get("devices") or [])
+    until = time.strftime("%H:%M:%S", time.localtime(reservation["expires_at"]))
+    emit_lines([
+        f"reserved {name}: {len(groups)} group{'s' if len(groups) != 1 else ''} on GPU {devices} until {until}",
+        f"take it with `cgctl allocate {name} -- CMD`; free it with `cgctl release {name}`",
+    ])

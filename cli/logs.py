@@ -1,0 +1,66 @@
+"""`cgctl logs`: a replica's stdout or stderr, once or followed."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from cli.connect import client, complete_components, json_wanted, talking
+from daemon.client.errors import CgdError
+from daemon.client.sync import CgdClient
+
+POLL_S = 0.5
+
+
+@click.command()
+@click.argument("name", shell_complete=complete_components)
+@click.option("--replica", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--stream", type=click.Choice(["stdout", "stderr"]), default="stdout", show_default=True)
+@click.option("--tail", type=click.IntRange(min=0), help="Only the last N lines.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what is written, until Ctrl-C.")
+def logs(name: str, replica: int, stream: str, tail: int | None, follow: bool) -> None:
+    """Print what NAME's replica wrote. With --json, one JSON object per
+    line: the first read, then each read that brought data."""
+    cgd = client()
+    with talking():
+        doc = cgd.component_logs(name, replica, stream, tail=tail)
+        _show(doc)
+        if follow:
+            try:
+                _follow(cgd, name, replica, stream, doc)
+            except KeyboardInterrupt:
+                return
+
+
+def _show(doc: dict[str, Any]) -> None:
+    """With --json one compact object per line, so `-f` gives JSON lines."""
+    if json_wanted():
+        click.echo(json.dumps(doc, sort_keys=True))
+    elif doc.get("data"):
+        click.echo(doc["data"], nl=False)
+
+
+def _follow(cgd: CgdClient, name: str, replica: int, stream: str, last: dict[str, Any]) -> None:
+    """Poll from the last offset, at once while cgd still holds more (it
+    sends at most 1 MiB per read); a shrunk file was rotated, so start it
+    over; a released component ends the follow with a note, not an error."""
+    offset, size = last["offset"], last["size"]
+    while True:
+        if offset >= size:
+            time.sleep(POLL_S)
+        try:
+            doc = cgd.component_logs(name, replica, stream, offset=offset)
+        except CgdError as exc:
+            if exc.code != "not_found":
+                raise
+            click.echo(f"cgctl: {name} is gone ({exc.message}); stopped following", err=True)
+            return
+        if doc["size"] < offset:
+            offset, size = 0, doc["size"]
+            continue
+        if doc.get("data"):
+            _show(doc)
+        offset, size = doc["offset"], doc["size"]

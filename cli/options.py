@@ -1,0 +1,225 @@
+"""The allocate options shared by `allocate`, `run` and `reserve`, and the
+pure functions that turn them into request bodies of docs/api.md.
+
+Keeping parsing apart from sending lets the tests check every flag's body
+without a daemon, and keeps the three commands from drifting apart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+Json = Any
+
+DOMAINS = ("nvlink", "pcie", "numa")
+LEVELS = ("device", "nvlink", "pcie", "numa", "machine")
+SIZE_KEYS = ("gpus", "memory", "compute", "mig")
+PLACEMENT_KEYS = ("strategy", "colocate", "exclusive", "distinct", "pool", "gpu_ids",
+                  "priority", "allow_busy", "affinity", "anti_affinity")
+_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_NUMBER = r"\d+(?:\.\d+)?"
+
+
+class SizeType(click.ParamType):
+    """A memory size: `20GiB`, `512MiB`, `20G`. cgd counts MiB."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        from daemon.claims import (
+            parse_size,  # the daemon's own rule; loaded only when a size is given
+        )
+
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DurationType(click.ParamType):
+    """A time to live: `90s`, `10m`, `1h30m`, `2d`, or plain seconds."""
+
+    name = "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip().lower().replace(" ", "")
+        if re.fullmatch(_NUMBER, text):
+            seconds = float(text)
+        elif re.fullmatch(f"(?:{_NUMBER}[smhd])+", text):
+            seconds = sum(float(n) * _TTL_UNITS[u] for n, u in re.findall(f"({_NUMBER})([smhd])", text))
+        else:
+            self.fail(f"{value!r} is not a duration: write it like 90s, 10m, 1h30m or 2d", param, ctx)
+        if seconds <= 0:
+            self.fail(f"{value!r}: a duration must be positive", param, ctx)
+        return seconds
+
+
+class GpuIdsType(click.ParamType):
+    name = "IDS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> list[int]:
+        if isinstance(value, list):
+            return value
+        parts = [p.strip() for p in str(value).split(",") if p.strip()]
+        if not parts or not all(p.isdigit() for p in parts):
+            self.fail(f"{value!r} is not a list of GPU indices: write it like 0,1", param, ctx)
+        return [int(p) for p in parts]
+
+
+class AffinityType(click.ParamType):
+    """`COMPONENT` or `COMPONENT:LEVEL`; the level defaults to `device`."""
+
+    name = "COMPONENT[:LEVEL]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> dict[str, str]:
+        if isinstance(value, dict):
+            return value
+        component, _, level = str(value).partition(":")
+        level = level or "device"
+        if not component or level not in LEVELS:
+            self.fail(f"{value!r}: write COMPONENT or COMPONENT:LEVEL, LEVEL one of {', '.join(LEVELS)}",
+                      param, ctx)
+        return {"component": component, "level": level}
+
+
+class EnvType(click.ParamType):
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value
+        key, sep, val = str(value).partition("=")
+        if not sep or not key:
+            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
+        return key, val
+
+
+def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    def apply(f: F) -> F:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+    return apply
+
+
+claim_options = _stack(
+    click.option("--gpus", type=click.IntRange(min=1), help="Whole devices per replica."),
+    click.option("--memory", type=SizeType(), help="A share of one device: memory (20GiB, 512MiB, 20G)."),
+    click.option("--compute", type=click.IntRange(1, 100), metavar="PCT",
+                 help="A share of one device: percent of its SMs."),
+    click.option("--mig", metavar="PROFILE", help="A MIG instance of this profile (e.g. 1g.10gb)."),
+    click.option("--strategy", type=click.Choice(["binpack", "spread"]),
+                 help="binpack fills used GPUs first; spread takes the emptiest."),
+    click.option("--colocate", type=click.Choice([*DOMAINS, "none"]),
+                 help="Keep one replica's devices inside one domain."),
+    click.option("--exclusive", type=click.Choice(DOMAINS), help="Take a domain nobody else uses."),
+    click.option("--distinct", is_flag=True, default=None, help="Each replica on its own physical GPU."),
+    click.option("--pool", help="Only GPUs of this pool (cgd's config)."),
+    click.option("--gpu-ids", type=GpuIdsType(), help="Only these GPUs, e.g. 0,1."),
+    click.option("--priority", type=int, help="Higher priority takes over lower reservations."),
+    click.option("--allow-busy", is_flag=True, default=None,
+                 help="Accept GPUs with processes cgd does not manage."),
+    click.option("--affinity", type=AffinityType(), multiple=True,
+                 help="Place near COMPONENT (level device by default). Repeatable."),
+    click.option("--anti-affinity", type=AffinityType(), multiple=True,
+                 help="Place away from COMPONENT (level device by default). Repeatable."),
+)
+
+shape_options = _stack(
+    click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="How many replicas."),
+    click.option("--scope", type=click.Choice(["per-replica", "all-replicas"]),
+                 help="A group per replica (default), or one group every replica shares."),
+)
+
+attach_options = _stack(
+    click.option("--share-with", metavar="COMPONENT", help="Use that component's groups instead of a claim."),
+    click.option("--shadow-of", metavar="COMPONENT", help="A warm standby on that component's groups."),
+)
+
+process_options = _stack(
+    click.option("--env", "env", type=EnvType(), multiple=True, help="Extra environment. Repeatable."),
+    click.option("--cwd", type=click.Path(exists=True, file_okay=False, resolve_path=True),
+                 help="Working directory (default: the current one when a command is given)."),
+    click.option("--explain", is_flag=True, help="Say why these devices were chosen."),
+)
+
+
+def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
+    """The Claim for the given flags; None when no size flag was given (the
+    groups then come from a reservation, `--share-with` or `--shadow-of`)."""
+    given = [k for k in SIZE_KEYS if opts.get(k) is not None]
+    if opts.get("gpus") is not None and len(given) > 1:
+        raise click.UsageError("--gpus asks for whole devices: leave out --memory, --compute and --mig")
+    if opts.get("mig") is not None and len(given) > 1:
+        raise click.UsageError("--mig asks for a MIG instance: leave out --memory and --compute")
+    placement = {k: opts[k] for k in PLACEMENT_KEYS if opts.get(k) not in (None, ())}
+    if not given:
+        if placement:
+            flag = "--" + next(iter(placement)).replace("_", "-")
+            raise click.UsageError(f"{flag} places a claim: say what it needs with --gpus, --memory or --mig")
+        return None
+    claim: dict[str, Json] = {}
+    if opts.get("gpus") is not None:
+        claim["gpus"] = opts["gpus"]
+    if opts.get("memory") is not None:
+        claim["memory_mib"] = opts["memory"]
+    if opts.get("compute") is not None:
+        claim["compute_pct"] = opts["compute"]
+    if opts.get("mig") is not None:
+        claim["mig"] = opts["mig"]
+    for key, value in placement.items():
+        claim[key] = list(value) if isinstance(value, tuple) else value
+    return claim
+
+
+def build_component(name: str, opts: Mapping[str, Any], command: tuple[str, ...] = (),
+                    lease: bool = False) -> dict[str, Json]:
+    """A ComponentRequest body. A command runs in the current directory
+    unless `--cwd` says otherwise: cgd's own directory means nothing to the
+    user who typed a relative path."""
+    claim = build_claim(opts)
+    attach = [f for f in ("share_with", "shadow_of") if opts.get(f)]
+    if len(attach) > 1:
+        raise click.UsageError("--share-with and --shadow-of exclude each other")
+    if attach and claim is not None:
+        flag = "--" + attach[0].replace("_", "-")
+        raise click.UsageError(f"{flag} uses that component's groups: leave out the size and placement flags")
+    body: dict[str, Json] = {"name": name}
+    if claim is not None:
+        body["claim"] = claim
+    if opts.get("replicas", 1) != 1:
+        body["replicas"] = opts["replicas"]
+    for key in ("scope", *attach):
+        if opts.get(key):
+            body[key] = opts[key]
+    if command:
+        body["command"] = list(command)
+    if opts.get("env"):
+        body["env"] = dict(opts["env"])
+    cwd = opts.get("cwd") or (os.getcwd() if command else None)
+    if cwd:
+        body["cwd"] = cwd
+    if lease:
+        body["lease"] = True
+    return body
+
+
+def build_reservation(name: str, opts: Mapping[str, Any], ttl_s: float) -> dict[str, Json]:
+    claim = build_claim(opts)
+    if claim is None:
+        raise click.UsageError("a reservation holds capacity: say how much with --gpus, --memory or --mig")
+    body: dict[str, Json] = {"name": name, "claim": claim, "replicas": opts.get("replicas", 1), "ttl_s": ttl_s}
+    if opts.get("scope"):
+        body["scope"] = opts["scope"]
+    return body

@@ -1,0 +1,210 @@
+"""How cgctl shows cgd's documents: stable JSON projections and text.
+
+Pure functions of the documents (no I/O), so the pictures are tested from
+JSON shaped like docs/api.md without a daemon. The JSON projections are the
+keys docs/cli.md promises; the text is for people and may change.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import click
+
+Json = Any
+Doc = Mapping[str, Any]
+Style = Callable[..., str]
+BAR_WIDTH = 24
+DEVICE_KEYS = ("index", "uuid", "mig_uuid", "memory_mib", "compute_pct")
+REPLICA_KEYS = ("index", "group", "groups", "role", "state", "restarts", "cuda_visible_devices", "pids")
+
+
+def colour_enabled(stream: Any = None) -> bool:
+    """Colour only for a person at a terminal that shows it, who did not opt
+    out (no-color.org)."""
+    stream = stream if stream is not None else sys.stdout
+    at_terminal = bool(getattr(stream, "isatty", lambda: False)())
+    return at_terminal and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def styler(colour: bool) -> Style:
+    if colour:
+        return click.style
+    return lambda text, **_: str(text)
+
+
+def size(mib: float | None) -> str:
+    if mib is None:
+        return "?"
+    if abs(mib) >= 1024:
+        return f"{mib / 1024:.1f} GiB"
+    return f"{mib:.0f} MiB"
+
+
+def component_json(c: Doc) -> dict[str, Json]:
+    """The projection `allocate`, `scale` and `list` print with --json."""
+    return {
+        "name": c["name"],
+        "owner": c.get("owner"),
+        "state": c.get("state"),
+        "replicas_wanted": c.get("replicas_wanted"),
+        "scope": c.get("scope"),
+        "share_with": c.get("share_with"),
+        "shadow_of": c.get("shadow_of"),
+        "command": c.get("command"),
+        "explanation": c.get("explanation") or None,
+        "replicas": [
+            {**{k: r.get(k) for k in REPLICA_KEYS},
+             "devices": [{k: d.get(k) for k in DEVICE_KEYS} for d in r.get("devices") or []]}
+            for r in c.get("replicas") or []
+        ],
+    }
+
+
+def compact_size(mib: float) -> str:
+    """`20GiB`, `79.6GiB`, `512MiB`: no space, for table cells."""
+    if mib >= 1024:
+        return f"{mib / 1024:.1f}".removesuffix(".0") + "GiB"
+    return f"{mib:.0f}MiB"
+
+
+def device_label(d: Doc) -> str:
+    """`0` for a whole GPU, `0[20GiB/30%]` for a share, `0:MIG-1a2b3c4d` for MIG."""
+    if d.get("mig_uuid"):
+        return f"{d['index']}:{str(d['mig_uuid'])[:12]}"
+    if d.get("whole"):
+        return str(d["index"])
+    parts = [compact_size(d.get("memory_mib") or 0)]
+    if d.get("compute_pct") is not None:
+        parts.append(f"{d['compute_pct']}%")
+    return f"{d['index']}[{'/'.join(parts)}]"
+
+
+def devices_label(devices: Iterable[Doc]) -> str:
+    return ",".join(device_label(d) for d in devices) or "-"
+
+
+def owner_name(c: Doc) -> str:
+    owner = c.get("owner") or {}
+    return str(owner.get("user") or owner.get("uid", "?")) if isinstance(owner, Mapping) else str(owner)
+
+
+def component_text(c: Doc, verb: str, explain: bool = False) -> list[str]:
+    """What `allocate`/`scale` print: one line per replica, then why if asked."""
+    replicas = c.get("replicas") or []
+    lines = [f"{verb} {c['name']}: {len(replicas)} replica{'s' if len(replicas) != 1 else ''} ({c.get('state')})"]
+    for r in replicas:
+        pids = ",".join(str(p) for p in r.get("pids") or []) or "-"
+        lines.append(
+            f"  {r['index']}  {r.get('group') or '-'}  {r.get('role')}  GPU {devices_label(r.get('devices') or [])}"
+            f"  CUDA_VISIBLE_DEVICES={r.get('cuda_visible_devices') or ''}  pids {pids}")
+    if explain:
+        lines.append(f"why: {c.get('explanation') or 'cgd gave no explanation'}")
+    return lines
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    return ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in (header, *rows)]
+
+
+def list_text(components: Sequence[Doc], reservations: Sequence[Doc]) -> list[str]:
+    if not components and not reservations:
+        return ["nothing allocated: `cgctl allocate NAME --gpus 1` makes a component"]
+    lines: list[str] = []
+    if components:
+        rows = []
+        for c in components:
+            for r in c.get("replicas") or [{}]:
+                rows.append([
+                    c["name"], str(r.get("index", "-")), r.get("group") or "-", r.get("role") or "-",
+                    r.get("state") or c.get("state") or "-", devices_label(r.get("devices") or []),
+                    ",".join(str(p) for p in r.get("pids") or []) or "-", owner_name(c),
+                ])
+        lines += table(["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "PIDS", "OWNER"], rows)
+    if reservations:
+        rows = [[r["name"], ", ".join(g["id"] for g in r.get("groups") or []),
+                 devices_label(d for g in r.get("groups") or [] for d in g.get("devices") or []),
+                 owner_name(r), _expires(r.get("expires_at"))] for r in reservations]
+        lines += ([""] if lines else []) + table(["RESERVATION", "GROUPS", "GPUS", "OWNER", "EXPIRES"], rows)
+    return lines
+
+
+def _expires(at: float | None, now: float | None = None) -> str:
+    if at is None:
+        return "never"
+    left = at - (time.time() if now is None else now)
+    if left <= 0:
+        return "expired"
+    minutes, seconds = divmod(int(left), 60)
+    return f"in {minutes}m{seconds:02d}s" if minutes else f"in {seconds}s"
+
+
+def bar(parts: Sequence[tuple[float, str]], total: float, style: Style, colour: str) -> str:
+    """`[####++------]`: each part a share of `total` drawn with its own mark."""
+    cells = ""
+    for amount, mark in parts:
+        n = round(BAR_WIDTH * amount / total) if total else 0
+        cells += mark * max(0, min(n, BAR_WIDTH - len(cells)))
+    filled = style(cells, fg=colour) if cells else ""
+    return f"[{filled}{'-' * (BAR_WIDTH - len(cells))}]"
+
+
+def _level(fraction: float) -> str:
+    return "green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red"
+
+
+def gpu_block(g: Doc, style: Style) -> list[str]:
+    """One GPU as a person reads it: marks, memory and SM bars, who is on it."""
+    healthy = g.get("health") in (None, "ok")
+    marks = [style("ok", fg="green") if healthy else style(str(g["health"]).upper(), fg="red", bold=True)]
+    if g.get("degraded"):
+        marks.append(style("DEGRADED", fg="red", bold=True))
+    if g.get("drained"):
+        marks.append(style("DRAINED", fg="yellow", bold=True))
+    if g.get("foreign_processes"):
+        marks.append(style("FOREIGN", fg="magenta"))
+    temp = f"  {g['temperature_c']}°C" if g.get("temperature_c") is not None else ""
+    header = style(f"GPU {g['index']}", bold=True)
+    lines = [f"{header}  {g.get('name') or ''}{temp}  {' '.join(marks)}"]
+    total = g.get("memory_mib") or 0
+    ours, foreign = g.get("memory_allocated_mib") or 0, g.get("memory_foreign_mib") or 0
+    used = ours + foreign
+    extra = f"  ({size(foreign)} foreign)" if foreign else ""
+    lines.append(f"  mem {bar([(ours, '#'), (foreign, '+')], total, style, _level(used / total if total else 0))}"
+                 f" {used / 1024:.1f}/{total / 1024:.1f} GiB{extra}")
+    pct = g.get("compute_allocated_pct")
+    if pct is None:
+        lines.append("  sm  (MIG: shared by instance)")
+    else:
+        lines.append(f"  sm  {bar([(pct, '#')], 100, style, _level(pct / 100))} {pct}%")
+    for m in g.get("mig_devices") or []:
+        lines.append(f"  mig {m.get('profile')}  {m.get('uuid')}  {m.get('group') or 'free'}")
+    if g.get("components"):
+        owner = g.get("exclusive_owner")
+        who = ", ".join(f"{c} (exclusive)" if c == owner else c for c in g["components"])
+        lines.append(f"  on it: {who}")
+    for p in g.get("foreign_processes") or []:
+        lines.append(f"  foreign pid {p.get('pid')} ({size(p.get('used_memory_mib'))})")
+    if g.get("reasons"):
+        lines.append(f"  why: {'; '.join(str(r) for r in g['reasons'])}")
+    return lines
+
+
+def status_text(status: Doc, style: Style) -> list[str]:
+    gpus = status.get("gpus") or []
+    busy = sum(1 for g in gpus if g.get("groups"))
+    drained = sum(1 for g in gpus if g.get("drained"))
+    unhealthy = sum(1 for g in gpus if g.get("health") not in (None, "ok") or g.get("degraded"))
+    lines = [f"{len(gpus)} GPUs: {busy} in use, {drained} drained, {unhealthy} unhealthy"]
+    for g in gpus:
+        lines += [""] + gpu_block(g, style)
+    lost = status.get("lost_groups") or []
+    if lost:
+        lines += ["", style("LOST", fg="red", bold=True) + " groups whose devices vanished:"]
+        lines += [f"  {grp['id']} ({grp.get('owner')}): {devices_label(grp.get('devices') or [])}" for grp in lost]
+    return lines

@@ -1,0 +1,38 @@
+"""`cgctl status` (the machine at a glance) and `cgctl list` (what is allocated)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from cli.connect import client, emit_json, emit_lines, json_wanted, talking
+from cli.render import colour_enabled, component_json, list_text, status_text, styler
+
+
+@click.command()
+def status() -> None:
+    """One block per GPU: memory and SM bars, who is on it, health and marks."""
+    with talking():
+        doc = client().status()
+    if json_wanted():
+        emit_json(doc)
+    else:
+        emit_lines(status_text(doc, styler(colour_enabled())))
+
+
+@click.command(name="list")
+@click.option("--mine", is_flag=True, help="Only your own components.")
+def list_components(mine: bool) -> None:
+    """Components with their replicas, roles, devices, pids, state and owner;
+    then the reservations."""
+    cgd = client()
+    with talking():
+        components = cgd.list_components(os.getuid() if mine else None)["components"]
+        reservations = cgd.list_reservations()["reservations"]
+    if mine:
+        reservations = [r for r in reservations if (r.get("owner") or {}).get("uid") == os.getuid()]
+    if json_wanted():
+        emit_json({"components": [component_json(c) for c in components], "reservations": reservations})
+    else:
+        emit_lines(list_text(components, reservations))

@@ -1,0 +1,39 @@
+"""Python clients of cgd.
+
+- `CgdClient`: blocking, one method per route of docs/api.md (what `cgctl` uses).
+- `AsyncCgdClient`: the same routes, awaitable.
+- `ComputeGroupManager`, `ComputeGroup`, `ComputeNode`,
+  `ComputeResourceProvider`, `LocalComputeResourceProvider`: seed 003's API.
+
+The async names load on first use (PEP 562) so that `cgctl`, which needs only
+`CgdClient`, does not pay for importing asyncio on every start.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from daemon.client.errors import CgdError, CgdNotRunning, CgdUnreachable, ClientError
+from daemon.client.sync import CgdClient
+
+_LAZY = {
+    "AsyncCgdClient": "daemon.client.aio",
+    "ComputeGroupManager": "daemon.client.manager",
+    "ComputeGroup": "daemon.client.models",
+    "ComputeNode": "daemon.client.models",
+    "ComputeResourceProvider": "daemon.client.providers",
+    "LocalComputeResourceProvider": "daemon.client.providers",
+}
+
+__all__ = [
+    "AsyncCgdClient", "CgdClient", "CgdError", "CgdNotRunning", "CgdUnreachable", "ClientError",
+    "ComputeGroup", "ComputeGroupManager", "ComputeNode", "ComputeResourceProvider",
+    "LocalComputeResourceProvider",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

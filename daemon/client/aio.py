@@ -1,0 +1,58 @@
+"""The async client under `ComputeGroupManager`.
+
+asyncio streams rather than tornado: a planner embedding the manager may run
+any asyncio loop, and tornado (cgd's server) would be a heavy import for a
+client that sends one small request per call. The framing is `wire`'s, the
+same as the blocking client's. Cancelling the awaiting task cancels the
+exchange; nothing is left running on a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable
+from typing import Any
+
+from daemon.client.endpoints import Endpoints
+from daemon.client.errors import CgdUnreachable
+from daemon.client.sync import DEFAULT_TIMEOUT_S, connection_error
+from daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
+from daemon.paths import socket_path as default_socket_path
+
+
+class AsyncCgdClient(Endpoints[Awaitable[Any]]):
+    """The routes of `Endpoints`, each an awaitable of the decoded answer."""
+
+    def __init__(self, socket_path: str | os.PathLike[str] | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.socket_path = default_socket_path(socket_path)
+        self.timeout = timeout
+
+    def send(self, request: Request) -> Awaitable[Any]:
+        return self._send(request)
+
+    async def _send(self, request: Request) -> Any:
+        try:
+            raw = await asyncio.wait_for(self._exchange(request.encode()), self.timeout)
+            status, payload = parse_answer(raw)
+        except asyncio.TimeoutError:  # noqa: UP041 - not the builtin (nor an OSError) before Python 3.11
+            raise connection_error(self.socket_path, TimeoutError(), self.timeout) from None
+        except OSError as exc:
+            raise connection_error(self.socket_path, exc, self.timeout) from None
+        except BrokenAnswer as exc:
+            raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
+        return decode_answer(status, payload)
+
+    async def _exchange(self, data: bytes) -> bytes:
+        reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
+        try:
+            writer.write(data)
+            await writer.drain()
+            return await reader.read()
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass

@@ -1,0 +1,108 @@
+"""Every cgd route, written once for both the blocking and the async client.
+
+`cgctl` wants a blocking client that starts fast; `ComputeGroupManager` wants
+an async one. Both inherit these methods and differ only in `send`, so a route
+(its method, its quoting, its query) cannot drift between the two: on
+`CgdClient` a method returns the decoded answer, on `AsyncCgdClient` an
+awaitable of it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote, urlencode
+
+from daemon.client.wire import Request
+
+R = TypeVar("R")
+Json = Any
+
+
+def _seg(value: str | int) -> str:
+    """One path segment; a name with a slash must not reach another route."""
+    return quote(str(value), safe="")
+
+
+def _with_query(path: str, **params: str | int | bool | None) -> str:
+    kept = {k: (str(v).lower() if isinstance(v, bool) else str(v))
+            for k, v in params.items() if v is not None}
+    return f"{path}?{urlencode(kept)}" if kept else path
+
+
+class Endpoints(ABC, Generic[R]):
+    """The routes of docs/api.md; subclasses decide how a `Request` travels."""
+
+    @abstractmethod
+    def send(self, request: Request) -> R:
+        """Carry one request to cgd; answer its decoded JSON or raise a ClientError."""
+
+    def version(self) -> R:
+        return self.send(Request("GET", "/v1/version"))
+
+    def machine(self) -> R:
+        return self.send(Request("GET", "/v1/machine"))
+
+    def status(self) -> R:
+        return self.send(Request("GET", "/v1/status"))
+
+    def health(self) -> R:
+        return self.send(Request("GET", "/v1/health"))
+
+    def create_component(self, body: dict[str, Json]) -> R:
+        return self.send(Request("POST", "/v1/components", body))
+
+    def list_components(self, owner: int | None = None) -> R:
+        return self.send(Request("GET", _with_query("/v1/components", owner=owner)))
+
+    def get_component(self, name: str) -> R:
+        return self.send(Request("GET", f"/v1/components/{_seg(name)}"))
+
+    def release_component(self, name: str) -> R:
+        return self.send(Request("DELETE", f"/v1/components/{_seg(name)}"))
+
+    def release_all(self) -> R:
+        return self.send(Request("DELETE", _with_query("/v1/components", all=True)))
+
+    def scale_component(self, name: str, replicas: int) -> R:
+        return self.send(Request("POST", f"/v1/components/{_seg(name)}/scale", {"replicas": replicas}))
+
+    def component_env(self, name: str, replica: int | None = None) -> R:
+        return self.send(Request("GET", _with_query(f"/v1/components/{_seg(name)}/env", replica=replica)))
+
+    def component_logs(
+        self, name: str, replica: int | None = None, stream: str | None = None,
+        tail: int | None = None, offset: int | None = None,
+    ) -> R:
+        path = _with_query(f"/v1/components/{_seg(name)}/logs",
+                           replica=replica, stream=stream, tail=tail, offset=offset)
+        return self.send(Request("GET", path))
+
+    def list_groups(self, component: str | None = None, state: str | None = None,
+                    gpu: int | None = None) -> R:
+        return self.send(Request("GET", _with_query("/v1/groups", component=component, state=state, gpu=gpu)))
+
+    def get_group(self, group_id: str) -> R:
+        return self.send(Request("GET", f"/v1/groups/{_seg(group_id)}"))
+
+    def create_group(self, claim: dict[str, Json]) -> R:
+        return self.send(Request("POST", "/v1/groups", {"claim": claim}))
+
+    def delete_group(self, group_id: str) -> R:
+        return self.send(Request("DELETE", f"/v1/groups/{_seg(group_id)}"))
+
+    def drain_group(self, group_id: str) -> R:
+        return self.send(Request("POST", f"/v1/groups/{_seg(group_id)}/drain"))
+
+    def drain_gpu(self, index: int, drained: bool = True) -> R:
+        verb = "drain" if drained else "undrain"
+        return self.send(Request("POST", f"/v1/gpus/{_seg(index)}/{verb}"))
+
+    def create_reservation(self, body: dict[str, Json]) -> R:
+        return self.send(Request("POST", "/v1/reservations", body))
+
+    def list_reservations(self) -> R:
+        return self.send(Request("GET", "/v1/reservations"))
+
+    def delete_reservation(self, name: str) -> R:
+        return self.send(Request("DELETE", f"/v1/reservations/{_seg(name)}"))

@@ -1,0 +1,134 @@
+"""`ComputeGroupManager`: seed 003's API for planners, over any provider.
+
+The manager holds no state of its own: every call asks the provider, so two
+managers (or a manager and `cgctl`) never disagree about what is allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from daemon.client.models import ComputeGroup, ComputeNode
+from daemon.client.providers import (
+    ComputeResourceProvider,
+    LocalComputeResourceProvider,
+)
+
+Json = Any
+
+# Keys of a ComponentRequest that are about the component, not about where
+# its groups go; any other constraint is a placement rule of the claim.
+COMPONENT_KEYS = frozenset({
+    "replicas", "scope", "share_with", "shadow_of", "command", "shell", "env",
+    "cwd", "restart", "stop_timeout_s", "lease",
+})
+
+
+class ComputeGroupManager:
+    """Allocate, inspect, drain and free compute groups.
+
+    `ComputeGroupManager()` talks to the local cgd on its default socket; pass
+    `LocalComputeResourceProvider(socket_path)` for another one, or any other
+    `ComputeResourceProvider`.
+    """
+
+    def __init__(self, provider: ComputeResourceProvider | None = None) -> None:
+        self.provider = provider if provider is not None else LocalComputeResourceProvider()
+
+    async def _gpus(self) -> list[Mapping[str, Json]]:
+        return list((await self.provider.get_resource_state())["gpus"])
+
+    async def list_compute_nodes(self) -> list[ComputeNode]:
+        found, gpus, groups = await asyncio.gather(
+            self.provider.discover_resources(), self._gpus(), self.provider.list_groups({}))
+        compute_groups = [ComputeGroup.from_documents(g, gpus) for g in groups]
+        return [ComputeNode(node["machine"], gpus, compute_groups) for node in found["nodes"]]
+
+    async def list_compute_groups(self, filters: Mapping[str, Json] | None = None) -> list[ComputeGroup]:
+        """Filters: `component`, `state`, `gpu` (all must match)."""
+        groups, gpus = await asyncio.gather(self.provider.list_groups(dict(filters or {})), self._gpus())
+        return [ComputeGroup.from_documents(g, gpus) for g in groups]
+
+    async def get_compute_group(self, group_id: str) -> ComputeGroup:
+        group, gpus = await asyncio.gather(self.provider.get_group(group_id), self._gpus())
+        return ComputeGroup.from_documents(group, gpus)
+
+    async def create_compute_group(self, resources: Mapping[str, Json],
+                                   node_id: str | None = None) -> ComputeGroup:
+        """`resources` is a Claim (`{"gpus": 2}`, `{"memory_mib": 20480}`...):
+        the group belongs to no component until one shares it."""
+        group = await self.provider.create_group(resources, node_id)
+        return ComputeGroup.from_documents(group, await self._gpus())
+
+    async def delete_compute_group(self, group_id: str) -> bool:
+        return await self.provider.delete_group(group_id)
+
+    async def allocate_compute_group(self, component_name: str, resource_requirements: Mapping[str, Json],
+                                     constraints: Mapping[str, Json] | None = None) -> ComputeGroup:
+        """Create the component and answer the group of its first replica.
+
+        `resource_requirements` and the placement keys of `constraints`
+        (`strategy`, `colocate`, `gpu_ids`...) form the Claim; the component
+        keys of `constraints` (`replicas`, `scope`, `command`...) go beside
+        it. The other replicas' groups: `get_component_allocations`.
+        """
+        constraints = dict(constraints or {})
+        claim = dict(resource_requirements)
+        clash = sorted(set(claim) & set(constraints))
+        if clash:
+            raise ValueError(f"{clash[0]!r} is given both as a requirement and as a constraint")
+        body = {k: v for k, v in constraints.items() if k in COMPONENT_KEYS}
+        claim.update({k: v for k, v in constraints.items() if k not in COMPONENT_KEYS})
+        if claim:
+            body["claim"] = claim
+        component = await self.provider.allocate_resources(component_name, body)
+        return await self.get_compute_group(component["replicas"][0]["group"])
+
+    async def deallocate_compute_group(self, group_id: str) -> bool:
+        """Free a group. A component's group goes with its component (cgd frees
+        a component's groups together); False when there is no such group."""
+        groups = await self.provider.list_groups({})
+        group = next((g for g in groups if g["id"] == group_id), None)
+        if group is None:
+            return False
+        owner = ComputeGroup.from_documents(group).component
+        if owner is None:
+            return await self.provider.delete_group(group_id)
+        owned = [g["id"] for g in groups if ComputeGroup.from_documents(g).component == owner]
+        return await self.provider.deallocate_resources(owner, owned)
+
+    async def drain_compute_group(self, group_id: str) -> bool:
+        await self.provider.drain_group(group_id)
+        return True
+
+    async def get_allocation_summary(self) -> dict[str, Json]:
+        """Totals per machine, groups per state and what each component holds."""
+        state, groups, components = await asyncio.gather(
+            self.provider.get_resource_state(), self.provider.list_groups({}),
+            self.provider.list_components())
+        gpus = state["gpus"]
+        return {
+            "node": state["node"],
+            "gpus": len(gpus),
+            "gpus_drained": [g["index"] for g in gpus if g.get("drained")],
+            "memory_mib": sum(g.get("memory_mib") or 0 for g in gpus),
+            "memory_allocated_mib": sum(g.get("memory_allocated_mib") or 0 for g in gpus),
+            "memory_foreign_mib": sum(g.get("memory_foreign_mib") or 0 for g in gpus),
+            "compute_allocated_pct": sum(g.get("compute_allocated_pct") or 0 for g in gpus),
+            "groups_by_state": dict(Counter(g.get("state", "unknown") for g in groups)),
+            "components": {
+                c["name"]: {
+                    "state": c.get("state"),
+                    "replicas": len(c.get("replicas") or []),
+                    "groups": sorted({gid for r in c.get("replicas") or [] for gid in r.get("groups") or [r["group"]]}),
+                }
+                for c in components
+            },
+            "lost_groups": [g["id"] for g in state.get("lost_groups", [])],
+        }
+
+    async def get_component_allocations(self, component_name: str) -> list[ComputeGroup]:
+        return await self.list_compute_groups({"component": component_name})

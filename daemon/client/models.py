@@ -1,0 +1,134 @@
+"""`ComputeGroup` and `ComputeNode` of seed 003, read from cgd's documents.
+
+They are snapshots: built from one answer of the daemon and never updated,
+so a planner can compare two of them, and an object in hand never changes
+under it. Each keeps the document it came from in `document` for the fields
+the seed does not name.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Json = Any
+
+
+def _by_index(gpus: Iterable[Mapping[str, Json]]) -> dict[int, Mapping[str, Json]]:
+    return {g["index"]: g for g in gpus}
+
+
+def _usage(gpus: Sequence[Mapping[str, Json]]) -> dict[str, float]:
+    """Fractions of memory taken (ours and foreign) and of compute handed out.
+
+    This is what the daemon accounts, not a live SM counter: on a simulated
+    machine there is nothing else, and on a real one it is what decides
+    whether a new claim fits.
+    """
+    total = sum(g.get("memory_mib") or 0 for g in gpus)
+    used = sum((g.get("memory_allocated_mib") or 0) + (g.get("memory_foreign_mib") or 0) for g in gpus)
+    compute = sum(g.get("compute_allocated_pct") or 0 for g in gpus)
+    return {
+        "memory": round(used / total, 4) if total else 0.0,
+        "compute": round(compute / (100 * len(gpus)), 4) if gpus else 0.0,
+    }
+
+
+@dataclass(frozen=True)
+class ComputeGroup:
+    """Devices (whole GPUs, shares of one, MIG instances) handed out as a unit."""
+
+    document: Mapping[str, Json]
+    gpu_status: Mapping[int, Mapping[str, Json]] = field(default_factory=dict)
+
+    @classmethod
+    def from_documents(cls, group: Mapping[str, Json],
+                       gpus: Iterable[Mapping[str, Json]] = ()) -> ComputeGroup:
+        return cls(group, _by_index(gpus))
+
+    @property
+    def id(self) -> str:
+        return str(self.document["id"])
+
+    @property
+    def devices(self) -> list[Mapping[str, Json]]:
+        return list(self.document.get("devices") or [])
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        return sorted({d["index"] for d in self.devices})
+
+    @property
+    def resources(self) -> dict[str, Json]:
+        """Counts a planner compares, plus the devices and the claim behind them."""
+        return {
+            "gpus": len(self.gpu_indices),
+            "devices": self.devices,
+            "memory_mib": sum(d.get("memory_mib") or 0 for d in self.devices),
+            "compute_pct": sum(d.get("compute_pct") or 0 for d in self.devices),
+            "claim": self.document.get("claim"),
+        }
+
+    @property
+    def topology(self) -> dict[str, Json]:
+        return {
+            "gpu_indices": self.gpu_indices,
+            "domain": self.document.get("domain"),
+            "exclusive_domain": self.document.get("exclusive_domain"),
+            "scope": self.document.get("scope"),
+            "replica": self.document.get("replica"),
+        }
+
+    @property
+    def utilization(self) -> dict[str, float]:
+        """Usage of the GPUs this group touches, at the time of the snapshot."""
+        return _usage([self.gpu_status[i] for i in self.gpu_indices if i in self.gpu_status])
+
+    @property
+    def allocation_state(self) -> str:
+        return str(self.document.get("state", "unknown"))
+
+    @property
+    def component(self) -> str | None:
+        """The component that owns the group. cgd names a group made with
+        `create_compute_group` after its user (`@1000`) and a reserved one
+        after its reservation: neither is a component yet."""
+        owner = self.document.get("owner")
+        if not isinstance(owner, str) or owner.startswith("@") or self.allocation_state == "reserved":
+            return None
+        return owner
+
+    @property
+    def users(self) -> list[str]:
+        """Every component attached to the group (sharers and shadows too)."""
+        return list(self.document.get("users") or [])
+
+
+@dataclass(frozen=True)
+class ComputeNode:
+    """One machine and the groups on it; cgd manages exactly one."""
+
+    machine: Mapping[str, Json]
+    gpus: Sequence[Mapping[str, Json]]
+    compute_groups: Sequence[ComputeGroup]
+
+    @property
+    def id(self) -> str:
+        return str(self.machine.get("hostname") or "localhost")
+
+    @property
+    def resources(self) -> dict[str, Json]:
+        models = Counter(g.get("name") or "unknown" for g in self.gpus)
+        return {
+            "gpus": len(self.gpus),
+            "memory_mib": sum(g.get("memory_mib") or 0 for g in self.gpus),
+            "models": dict(models),
+            "devices": [{k: g.get(k) for k in ("index", "uuid", "name", "memory_mib", "health", "drained")}
+                        for g in self.gpus],
+        }
+
+    @property
+    def utilization(self) -> dict[str, float]:
+        return _usage(self.gpus)

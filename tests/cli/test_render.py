@@ -1,0 +1,115 @@
+"""The pictures cgctl draws, from documents shaped like cgd's."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.render import (
+    bar,
+    colour_enabled,
+    component_json,
+    component_text,
+    device_label,
+    devices_label,
+    list_text,
+    size,
+    status_text,
+    styler,
+)
+from tests.cli.samples import component, device, gpu, status
+
+plain = styler(False)
+
+
+def test_component_json_has_the_documented_keys_only() -> None:
+    doc = component_json(component())
+    assert set(doc) == {"name", "owner", "state", "replicas_wanted", "scope", "share_with", "shadow_of",
+                        "command", "explanation", "replicas"}
+    replica = doc["replicas"][0]
+    assert set(replica) == {"index", "group", "groups", "role", "state", "restarts", "devices",
+                            "cuda_visible_devices", "pids"}
+    assert replica["devices"] == [{"index": 0, "uuid": "GPU-0000", "mig_uuid": None,
+                                   "memory_mib": 81559, "compute_pct": 100}]
+
+
+def test_device_labels() -> None:
+    assert device_label(device(3)) == "3"
+    assert device_label(device(1, 20480, 30, False)) == "1[20GiB/30%]"
+    assert device_label(device(1, 81559, 100, False)) == "1[79.6GiB/100%]"
+    assert device_label(device(1, 512, 5, False)) == "1[512MiB/5%]"
+    assert device_label(device(2, 10240, 100, True, "MIG-1234567890abcdef")) == "2:MIG-12345678"
+
+
+def test_devices_join_with_commas() -> None:
+    assert devices_label([device(0), device(3)]) == "0,3" and devices_label([]) == "-"
+
+
+def test_sizes() -> None:
+    assert (size(512), size(20480), size(None)) == ("512 MiB", "20.0 GiB", "?")
+
+
+def test_component_text_lists_replicas_and_explains_on_demand() -> None:
+    lines = component_text(component(), "allocated", explain=True)
+    assert lines[0] == "allocated web: 2 replicas (running)"
+    assert "web-1" in lines[2] and "1[20GiB/30%]" in lines[2] and "pids 4243" in lines[2]
+    assert lines[-1] == "why: GPU 0: emptiest NVLink island"
+    assert not any(line.startswith("why") for line in component_text(component(), "allocated"))
+
+
+def test_list_is_a_table_with_owner_and_reservations() -> None:
+    reservation = {"name": "train", "owner": {"uid": 1001, "user": "bob"}, "expires_at": None,
+                   "priority": 0, "groups": [{"id": "train-0", "devices": [device(5)]}]}
+    lines = list_text([component()], [reservation])
+    assert lines[0].split() == ["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "PIDS", "OWNER"]
+    assert lines[1].split() == ["web", "0", "web-0", "primary", "running", "0", "4242", "ada"]
+    assert lines[4].split() == ["RESERVATION", "GROUPS", "GPUS", "OWNER", "EXPIRES"]
+    assert lines[5].split() == ["train", "train-0", "5", "bob", "never"]
+
+
+def test_empty_list_says_how_to_start() -> None:
+    assert "cgctl allocate" in list_text([], [])[0]
+
+
+def test_bar_fills_in_proportion_and_never_overflows() -> None:
+    assert bar([(40, "#")], 80, plain, "green") == "[" + "#" * 12 + "-" * 12 + "]"
+    assert bar([(60, "#"), (60, "+")], 80, plain, "red") == "[" + "#" * 18 + "+" * 6 + "]"
+    assert bar([(0, "#")], 0, plain, "green") == "[" + "-" * 24 + "]"
+
+
+def test_status_shows_each_gpu_with_bars_marks_and_occupants() -> None:
+    text = "\n".join(status_text(status(), plain))
+    assert text.splitlines()[0] == "4 GPUs: 2 in use, 1 drained, 1 unhealthy"
+    blocks = text.split("\n\n")[1:]
+    assert "GPU 0" in blocks[0] and "ok" in blocks[0]
+    assert "mem [" + "#" * 24 + "] 80.0/80.0 GiB" in blocks[0]
+    assert "sm  [" + "#" * 24 + "] 100%" in blocks[0] and "on it: web (exclusive)" in blocks[0]
+    assert "FOREIGN" in blocks[1] and "(20.0 GiB foreign)" in blocks[1] and "foreign pid 777" in blocks[1]
+    assert "#" * 6 + "+" * 6 + "-" * 12 in blocks[1]
+    assert "DRAINED" in blocks[2]
+    assert "FAILED" in blocks[3] and "DEGRADED" in blocks[3] and "Xid 79" in blocks[3]
+
+
+def test_status_of_mig_gpu_and_lost_groups() -> None:
+    doc = {"gpus": [gpu(0, compute_allocated_pct=None,
+                        mig_devices=[{"uuid": "MIG-a", "profile": "1g.10gb", "memory_mib": 9856, "group": "w-0"}])],
+           "lost_groups": [{"id": "old-0", "owner": "old", "devices": [device(7)]}]}
+    text = "\n".join(status_text(doc, plain))
+    assert "sm  (MIG: shared by instance)" in text and "mig 1g.10gb  MIG-a  w-0" in text
+    assert "LOST groups" in text and "old-0 (old): 7" in text
+
+
+def test_colour_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert colour_enabled(Tty())
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not colour_enabled(Tty())
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("TERM", "dumb")
+    assert not colour_enabled(Tty())
+    assert not colour_enabled(object())
+    assert "\x1b[" in styler(True)("x", fg="red") and styler(False)("x", fg="red") == "x"

@@ -1,0 +1,95 @@
+"""The Python client against a real cgd on a simulated dgx-h100."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.client import (
+    AsyncCgdClient,
+    CgdClient,
+    CgdError,
+    ComputeGroupManager,
+    LocalComputeResourceProvider,
+)
+from tests.daemon_fixture import Cgd
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manager(cgd: Cgd) -> ComputeGroupManager:
+    return ComputeGroupManager(LocalComputeResourceProvider(cgd.socket))
+
+
+def test_node_groups_and_summary(cgd: Cgd) -> None:
+    async def scenario() -> None:
+        m = manager(cgd)
+        (node,) = await m.list_compute_nodes()
+        assert node.resources["gpus"] == 8 and node.compute_groups == []
+        assert node.utilization == {"memory": 0.0, "compute": 0.0}
+
+        group = await m.allocate_compute_group("train", {"gpus": 2}, {"colocate": "nvlink", "replicas": 2})
+        assert group.id == "train-0" and group.component == "train" and group.allocation_state == "allocated"
+        assert group.resources["gpus"] == 2 and len(group.topology["gpu_indices"]) == 2
+        assert group.utilization["compute"] == 1.0
+
+        owned = await m.get_component_allocations("train")
+        assert [g.id for g in owned] == ["train-0", "train-1"]
+        assert not set(owned[0].topology["gpu_indices"]) & set(owned[1].topology["gpu_indices"])
+
+        share = await m.create_compute_group({"memory_mib": 20480, "compute_pct": 30})
+        assert share.component is None and share.resources["memory_mib"] == 20480
+
+        assert await m.drain_compute_group(share.id)
+        assert (await m.get_compute_group(share.id)).allocation_state == "draining"
+        assert [g.id for g in await m.list_compute_groups({"state": "draining"})] == [share.id]
+
+        summary = await m.get_allocation_summary()
+        assert summary["gpus"] == 8 and summary["groups_by_state"] == {"allocated": 2, "draining": 1}
+        assert summary["components"]["train"]["groups"] == ["train-0", "train-1"]
+
+        assert await m.deallocate_compute_group("train-1")
+        assert await m.delete_compute_group(share.id)
+        assert not await m.delete_compute_group(share.id)
+        assert not await m.deallocate_compute_group("train-0")
+        assert await m.list_compute_groups() == []
+
+    asyncio.run(scenario())
+
+
+def test_refusals_are_typed(cgd: Cgd) -> None:
+    async def scenario() -> None:
+        m = manager(cgd)
+        with pytest.raises(CgdError) as never:
+            await m.allocate_compute_group("huge", {"gpus": 64})
+        assert never.value.code == "unsatisfiable"
+        await m.allocate_compute_group("all", {"gpus": 8})
+        with pytest.raises(CgdError) as full:
+            await m.allocate_compute_group("more", {"gpus": 1})
+        assert full.value.code == "insufficient_capacity"
+        with pytest.raises(CgdError) as missing:
+            await m.get_compute_group("nope")
+        assert missing.value.code == "not_found"
+        with pytest.raises(ValueError, match="unknown filter"):
+            await m.list_compute_groups({"colour": "red"})
+
+    asyncio.run(scenario())
+
+
+def test_blocking_and_async_clients_agree(cgd: Cgd) -> None:
+    CgdClient(cgd.socket).create_component({"name": "web", "claim": {"gpus": 1}})
+    blocking = CgdClient(cgd.socket).get_component("web")
+    awaited = asyncio.run(AsyncCgdClient(cgd.socket).get_component("web"))
+    assert blocking == awaited and blocking["replicas"][0]["group"] == "web-0"
+
+
+def test_documented_example_runs(cgd: Cgd) -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "client_example.py"), str(cgd.socket)],
+                            capture_output=True, text=True, timeout=60, check=False, env={**cgd.env(), "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert "refused as expected (unsatisfiable)" in result.stdout and result.stdout.endswith("released\n")

@@ -1,0 +1,79 @@
+"""HTTP framing and error decoding, shared by both clients."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from daemon.client.errors import CgdError
+from daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
+
+
+def test_request_with_body_sends_json_and_its_length() -> None:
+    raw = Request("POST", "/v1/components", {"name": "web"}).encode()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/components HTTP/1.1\r\n")
+    assert b"Content-Type: application/json" in head
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert b"Connection: close" in head
+    assert json.loads(body) == {"name": "web"}
+
+
+def test_post_without_body_still_says_length_zero() -> None:
+    head = Request("POST", "/v1/gpus/1/drain").encode()
+    assert head.endswith(b"Content-Length: 0\r\n\r\n")
+
+
+def test_get_has_no_body_headers() -> None:
+    raw = Request("GET", "/v1/status").encode()
+    assert b"Content-Length" not in raw and raw.endswith(b"\r\n\r\n")
+
+
+def test_content_length_bounds_the_body() -> None:
+    raw = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}trailing"
+    assert parse_answer(raw) == (200, b"{}")
+
+
+def test_chunked_body_is_joined() -> None:
+    raw = (b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"4\r\n{\"a\"\r\n3;ext=1\r\n: 1\r\n1\r\n}\r\n0\r\n\r\n")
+    assert parse_answer(raw) == (201, b'{"a": 1}')
+
+
+def test_body_to_end_of_stream_without_length() -> None:
+    assert parse_answer(b"HTTP/1.1 200 OK\r\n\r\n[1]") == (200, b"[1]")
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b"", "no answer"),
+    (b"HTTP/1.1 200 OK\r\nContent-Len", "before its headers"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP status line"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}", "cut short"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nA\r\n{}", "cut short"),
+])
+def test_broken_answers_are_named(raw: bytes, words: str) -> None:
+    with pytest.raises(BrokenAnswer, match=words):
+        parse_answer(raw)
+
+
+def test_success_decodes_json() -> None:
+    assert decode_answer(200, b'{"gpus": []}') == {"gpus": []}
+
+
+def test_daemon_error_keeps_status_code_and_message() -> None:
+    body = json.dumps({"error": {"code": "insufficient_capacity", "message": "GPU 0 is full"}}).encode()
+    with pytest.raises(CgdError) as caught:
+        decode_answer(409, body)
+    assert (caught.value.status, caught.value.code, caught.value.message) == (409, "insufficient_capacity", "GPU 0 is full")
+
+
+def test_error_that_is_not_cgds_shape_still_is_a_cgd_error() -> None:
+    with pytest.raises(CgdError, match="cgd answered 502: Bad Gateway") as caught:
+        decode_answer(502, b"Bad Gateway\nmore")
+    assert caught.value.code == "bad_response"
+
+
+def test_success_that_is_not_json_is_refused() -> None:
+    with pytest.raises(CgdError, match="not JSON"):
+        decode_answer(200, b"<html>")
