@@ -8,6 +8,8 @@ errors exit 2.
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from cli.allocate import allocate, reserve
@@ -43,4 +45,17 @@ for command in (allocate, release, scale, list_components, status, env, run, dra
 
 
 def main() -> None:
-    cli(prog_name="cgctl")
+    """Run cgctl; usage mistakes get the same one-line form as other errors."""
+    try:
+        code = cli.main(prog_name="cgctl", standalone_mode=False)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "cgctl"
+        click.echo(f"cgctl: error: {exc.format_message()} (see `{where} --help`)", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"cgctl: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("cgctl: aborted", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -13,10 +13,8 @@ import click
 
 from cli.connect import fail
 from cli.context import CliContext
-from topology import MachineFileError, NvmlUnavailable, load_machine
 from topology.model import Machine
 from topology.ranges import format_ranges
-from topology.serialize import machine_to_dict
 
 LEGEND = (
     "  X    = Self",
@@ -34,6 +32,9 @@ LEGEND = (
 @click.pass_obj
 def topo(obj: CliContext) -> None:
     """Show GPUs, NVLink/PCIe links, NVLink islands and NUMA affinity."""
+    from topology import MachineFileError, NvmlUnavailable, load_machine
+    from topology.serialize import machine_to_dict
+
     try:
         machine = load_machine(obj.simulate)
     except (NvmlUnavailable, MachineFileError) as err:

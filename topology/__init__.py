@@ -1,64 +1,30 @@
 """NVML -> the `Machine` model, on real boxes and simulated ones alike.
 
-`load_machine` is what most callers want; `open_gateway` is for those that
-keep talking to NVML afterwards (the daemon's health loop). A simulated
-machine is chosen by name or machine-file path, explicitly or through
-`$CG_SIMULATE`; without one the real driver is used.
+The names below load on first use (PEP 562): importing `topology.model` for
+the dataclasses must not pay for pynvml and discovery, which every `cgctl`
+command would otherwise do at start-up.
 """
 
 from __future__ import annotations
 
-import os
+import importlib
+from typing import Any
 
-from topology.discovery import discover
-from topology.fakenvml import FakeNvml
-from topology.machinefile import (
-    MachineFileError,
-    load_machine_spec,
-    simulated_machine_names,
-)
-from topology.model import Machine
-from topology.nvml import NvmlGateway, NvmlUnavailable
+_EXPORTS = {
+    "SIMULATE_ENV": "topology.machines_api",
+    "load_machine": "topology.machines_api",
+    "open_gateway": "topology.machines_api",
+    "simulated_gateway": "topology.machines_api",
+    "MachineFileError": "topology.machinefile",
+    "simulated_machine_names": "topology.machinefile",
+    "NvmlUnavailable": "topology.nvml",
+}
 
-SIMULATE_ENV = "CG_SIMULATE"
-
-__all__ = [
-    "SIMULATE_ENV",
-    "MachineFileError",
-    "NvmlUnavailable",
-    "load_machine",
-    "open_gateway",
-    "simulated_gateway",
-    "simulated_machine_names",
-]
+__all__ = sorted(_EXPORTS)
 
 
-def open_gateway(simulate: str | None = None) -> NvmlGateway:
-    """A started gateway to the real NVML, or to the fake for a simulated machine.
-
-    `simulate` is a shipped machine name or a machine file path; None falls
-    back to `$CG_SIMULATE`, then the real driver. Raises MachineFileError for
-    a bad name or file and NvmlUnavailable (with a hint to simulate) when
-    there is no driver, here rather than at first use, so a caller can fall
-    back to a simulated machine at once.
-    """
-    chosen = simulate or os.environ.get(SIMULATE_ENV) or None
-    if chosen is None:
-        gateway = NvmlGateway()
-    else:
-        gateway = simulated_gateway(FakeNvml(load_machine_spec(chosen)))
-    gateway.start()
-    return gateway
-
-
-def simulated_gateway(fake: FakeNvml) -> NvmlGateway:
-    """A gateway on a fake (tests build fakes with failure hooks); never reads
-    this host's sysfs, whose devices are not the simulated ones."""
-    return NvmlGateway(fake, source=f"simulated:{fake.simulated_name}",
-                       hostname=fake.hostname, sysfs_root=None)
-
-
-def load_machine(simulate: str | None = None) -> Machine:
-    """Discover the machine once and let go of NVML."""
-    with open_gateway(simulate) as gateway:
-        return discover(gateway)
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'topology' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
