@@ -57,8 +57,11 @@ def component_view(
         devices = visible_devices(groups)
         worker = doc.workers.get(ref)
         role = worker.role if worker else ("shadow" if comp.shadow_of else "primary")
-        state = replica_states.get(ref) or ("running" if worker and worker.pid else
-                                            ("allocated" if worker is None else "starting"))
+        if comp.state == "lost":
+            state = "lost"
+        else:
+            state = replica_states.get(ref) or ("running" if worker and worker.pid else
+                                                ("allocated" if worker is None else "starting"))
         replicas.append({
             "index": i,
             "group": groups[0].id if groups else None,
