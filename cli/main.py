@@ -14,6 +14,7 @@ import click
 
 from cli.allocate import allocate, reserve
 from cli.context import CliContext
+from cli.deploy import apply, delete, get
 from cli.drain import drain
 from cli.env import env
 from cli.logs import logs
@@ -40,7 +41,7 @@ def cli(ctx: click.Context, socket: str | None, simulate: str | None, json_outpu
 
 cli.add_command(topo)
 for command in (allocate, release, scale, list_components, status, env, run, drain, reserve, logs,
-                install_service):
+                install_service, apply, delete, get):
     cli.add_command(command)
 
 

@@ -15,6 +15,7 @@ from cli.connect import (
     json_wanted,
     talking,
 )
+from cli.deploy import deployment_names, emit_changed, scale_deployment
 from cli.render import component_json, component_text
 from daemon.client.errors import CgdError
 from daemon.client.sync import CgdClient
@@ -74,9 +75,14 @@ def _release_all(cgd: CgdClient) -> dict[str, Any]:
 @click.option("--replicas", type=click.IntRange(min=0), required=True, help="The new replica count.")
 def scale(name: str, replicas: int) -> None:
     """Change NAME's replica count: scale-in stops the highest replicas and
-    frees their groups; scale-out allocates new ones."""
+    frees their groups; scale-out allocates new ones. NAME may be a
+    deployment S, or S/G (a scaling group) or S/C (a component) of it."""
+    cgd = client()
     with talking():
-        component = client().scale_component(name, replicas)
+        if "/" in name or name in deployment_names(cgd):
+            emit_changed(scale_deployment(cgd, name, replicas), "scaled")
+            return
+        component = cgd.scale_component(name, replicas)
     if json_wanted():
         emit_json(component_json(component))
     else:

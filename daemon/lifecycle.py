@@ -17,6 +17,8 @@ import filelock
 
 from daemon import sdnotify
 from daemon.config import DaemonConfig
+from daemon.deployment_ops import Deployments
+from daemon.deployment_routes import deployment_routes
 from daemon.health import HealthMonitor
 from daemon.manager import Manager
 from daemon.mps import MpsControl, MpsError
@@ -142,7 +144,8 @@ class Daemon:
         report = await recover(manager)
         self.health = HealthMonitor(manager, Telemetry(self.gateway), opts.config.health)
         self.health.start()
-        app = CgdApp(manager, self.health, opts.log_dir, opts.state_dir, machine_to_dict(machine))
+        app = CgdApp(manager, self.health, opts.log_dir, opts.state_dir, machine_to_dict(machine),
+                     extra_routes=deployment_routes(Deployments(manager)))
         self.server = listen(app, opts.socket, opts.system)
         self.tasks.append(asyncio.get_running_loop().create_task(self._housekeeping()))
         log.info(

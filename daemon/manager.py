@@ -149,11 +149,11 @@ class Manager:
             await self.supervisor.stop_worker(key, timeout=0)
         finally:
             self._stopping.discard(key)
-        await self._start_workers([dead_ref])
+        await self.start_workers([dead_ref])
 
     # -- starting and stopping ------------------------------------------------
 
-    async def _start_workers(self, refs: list[str]) -> None:
+    async def start_workers(self, refs: list[str]) -> None:
         """Start workers the state already asks for, then record their pids."""
         started = {}
         for ref in refs:
@@ -168,7 +168,7 @@ class Manager:
                 if ref in doc.workers:
                     doc.workers[ref] = replace(doc.workers[ref], pid=ev.pid, create_time=ev.create_time)
 
-    async def _stop_workers(self, refs: list[str]) -> None:
+    async def stop_workers(self, refs: list[str]) -> None:
         keys = []
         for ref in refs:
             w = self.doc.workers.get(ref)
@@ -200,10 +200,10 @@ class Manager:
                     doc.components[comp.name] = replace(comp, lease_start=_start_time(caller.pid))
             refs = [ref for ref, w in self.doc.workers.items() if w.component == request.name]
             try:
-                await self._start_workers(sorted(refs))
+                await self.start_workers(sorted(refs))
             except Exception as exc:
                 log.error("starting %s failed: %s; undoing the allocation", request.name, exc)
-                await self._stop_workers(refs)
+                await self.stop_workers(refs)
                 with self.keeper.transaction() as doc:
                     remove_component(doc, self.keeper, request.name, {request.name})
                 raise BadRequest(f"could not start the workers of {request.name!r}: {exc}") from None
@@ -213,6 +213,8 @@ class Manager:
         async with self.keeper.lock:
             comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if comp.deployment:
+                raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
             return await self._release_locked([name])
 
     async def release_all(self, caller: Caller) -> dict[str, Any]:
@@ -236,7 +238,7 @@ class Manager:
             for name in closure:
                 doc.components[name] = replace(doc.components[name], state="releasing")
         refs = [ref for ref, w in self.doc.workers.items() if w.component in closure]
-        await self._stop_workers(refs)
+        await self.stop_workers(refs)
         freed: list[str] = []
         with self.keeper.transaction() as doc:
             for name in sorted(closure, key=lambda n: doc.components[n].shadow_of is None):
@@ -256,12 +258,12 @@ class Manager:
             if replicas < old:
                 gone = [replica_ref(n, i) for n in (name, *shadows) for i in range(replicas, old)]
                 check_scale_in(self.doc, comp, replicas)
-                await self._stop_workers(gone)
+                await self.stop_workers(gone)
             with self.keeper.transaction() as doc:
                 scale_component(doc, self.keeper, doc.components[name], replicas)
             if replicas > old:
                 fresh = [replica_ref(n, i) for n in (name, *shadows) for i in range(old, replicas)]
-                await self._start_workers([r for r in fresh if r in self.doc.workers])
+                await self.start_workers([r for r in fresh if r in self.doc.workers])
             return self.component(name)
 
     async def reserve(self, caller: Caller, request: ReservationRequest) -> dict[str, Any]:

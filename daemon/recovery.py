@@ -108,7 +108,7 @@ async def recover(manager: Manager) -> RecoveryReport:
             await manager.supervisor.stop_stray(pid, start, 10.0)
             strays.append(pid)
 
-        await manager._start_workers(to_start)
+        await manager.start_workers(to_start)
     for ref in adopted:
         log.info("adopted %s (pid %s) from the previous run", ref, keeper.doc.workers[ref].pid)
     return RecoveryReport(tuple(adopted), tuple(to_start), tuple(strays), tuple(lost))
