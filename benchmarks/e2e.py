@@ -1,0 +1,263 @@
+"""End to end through cgd's socket and through `cgctl`, against the naive baseline.
+
+- API: allocate + release round trips per second and p50/p99 latency with
+  1, 8 and 32 concurrent clients (threads, one connection per request as
+  cgctl does), and the same load on the naive lock-free bookings file. After
+  the load every allocation was released, so whatever is still booked was
+  lost by a race.
+- Worker: allocate + start a worker + release, until the worker runs with its
+  environment (read in /proc), against first-fit + `subprocess.Popen`.
+- cgctl: `cgctl allocate NAME ... -- CMD` until the worker runs, against the
+  naive launcher script; `cgctl --version` start-up against a bare `python`.
+
+    python -m benchmarks.e2e [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from benchmarks.baselines import MARKER, Bookings, launch, reap
+from benchmarks.harness import (
+    SLEEP,
+    kill_all,
+    marked_processes,
+    ok,
+    running_cgd,
+    scratch,
+    wait_for,
+    worker_running,
+)
+from benchmarks.report import Table, mean, ms, percentile, ratio, render_text
+from tests.daemon_fixture import Cgd, _executable
+
+CLIENTS = (1, 8, 32)
+SHARE_MIB = 1024
+
+
+@dataclass
+class Load:
+    """What `clients` threads did in `elapsed` seconds."""
+
+    clients: int
+    elapsed: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    leftovers: int = 0
+
+    @property
+    def per_second(self) -> float:
+        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+
+def drive(op: Callable[[int, int], float | None], clients: int, duration: float) -> Load:
+    """Every client calls `op(client, n)` back to back until the deadline;
+    `op` returns one round trip's latency, or None when it failed."""
+    load = Load(clients)
+    lock = threading.Lock()
+    barrier = threading.Barrier(clients + 1)
+    deadline = [0.0]
+
+    def client(c: int) -> None:
+        barrier.wait()
+        n = 0
+        while time.perf_counter() < deadline[0]:
+            latency = op(c, n)
+            n += 1
+            with lock:
+                if latency is None:
+                    load.errors += 1
+                else:
+                    load.latencies.append(latency)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    start = time.perf_counter()
+    deadline[0] = start + duration
+    barrier.wait()
+    for t in threads:
+        t.join()
+    load.elapsed = time.perf_counter() - start
+    return load
+
+
+def cgd_round_trip(cgd: Cgd) -> Callable[[int, int], float | None]:
+    def op(c: int, n: int) -> float | None:
+        name = f"t{c}-{n}"
+        start = time.perf_counter()
+        created, _ = cgd.request("POST", "/v1/components", {"name": name, "claim": {"memory_mib": SHARE_MIB}})
+        released, _ = cgd.request("DELETE", f"/v1/components/{name}")
+        latency = time.perf_counter() - start
+        return latency if (created, released) == (201, 200) else None
+    return op
+
+
+def naive_round_trip(books: Bookings) -> Callable[[int, int], float | None]:
+    def op(c: int, n: int) -> float | None:
+        name = f"t{c}-{n}"
+        start = time.perf_counter()
+        if books.allocate(name, memory_mib=SHARE_MIB) is None:
+            return None
+        books.release(name)
+        return time.perf_counter() - start
+    return op
+
+
+def api(quick: bool) -> Table:
+    duration = 1.5 if quick else 5.0
+    table = Table("API: allocate + release round trips (1 GiB share of one GPU)",
+                  ["system", "clients", "round trips", "per s", "p50 ms", "p99 ms", "errors",
+                   "lost bookings", "per s vs naive"])
+    naive: dict[int, Load] = {}
+    with scratch("cg-naive-") as root:
+        for clients in CLIENTS:
+            books = Bookings(root / f"books-{clients}.json")
+            naive[clients] = drive(naive_round_trip(books), clients, duration)
+            naive[clients].leftovers = len(books.read())
+    with running_cgd() as cgd:
+        drive(cgd_round_trip(cgd), 1, 0.3)
+        for clients in CLIENTS:
+            load = drive(cgd_round_trip(cgd), clients, duration)
+            load.leftovers = len(ok(cgd, "GET", "/v1/groups")["groups"])
+            _load_row(table, "cgd", load, ratio(load.per_second, naive[clients].per_second))
+    for clients in CLIENTS:
+        _load_row(table, "naive", naive[clients], "1.00x")
+    table.note(f"{duration:g} s per row. cgd: one HTTP request per connection on its Unix socket, each "
+               "allocation and each release a durable (fsync'd) state commit; the clients share this "
+               "machine's cores with cgd.")
+    table.note("naive: first-fit over a JSON file read and atomically rewritten (no lock, no fsync); "
+               "lost bookings are entries still booked after every client released its own: updates one "
+               "client overwrote with another's. Each such entry is capacity nobody can use again.")
+    return table
+
+
+def _load_row(table: Table, system: str, load: Load, vs: str) -> None:
+    table.add(system, load.clients, len(load.latencies), load.per_second, ms(percentile(load.latencies, 50)),
+              ms(percentile(load.latencies, 99)), load.errors, load.leftovers, vs)
+
+
+def worker_cycle(quick: bool) -> Table:
+    """One client: allocate, start a worker, see it run with its GPUs, release it."""
+    reps = 10 if quick else 40
+    table = Table("Allocate + start a worker + release (until the worker runs with its environment)",
+                  ["system", "samples", "start p50 ms", "start p99 ms", "cycle p50 ms", "cycle p99 ms",
+                   "cycle vs naive"])
+    naive_start, naive_cycle = [], []
+    with scratch("cg-naive-") as root:
+        books = Bookings(root / "books.json")
+        for n in range(reps):
+            begin = time.perf_counter()
+            gpus = books.allocate(f"w{n}", memory_mib=SHARE_MIB)
+            assert gpus is not None
+            child = launch(SLEEP, gpus, SHARE_MIB, str(root))
+            wait_for(partial(worker_running, child.pid, MARKER))
+            naive_start.append(time.perf_counter() - begin)
+            reap([child])
+            books.release(f"w{n}")
+            naive_cycle.append(time.perf_counter() - begin)
+    cgd_start, cgd_cycle = [], []
+    with running_cgd() as cgd:
+        for n in range(reps):
+            begin = time.perf_counter()
+            reply = ok(cgd, "POST", "/v1/components", {"name": f"w{n}", "claim": {"memory_mib": SHARE_MIB},
+                                                        "command": list(SLEEP)}, expect=201)
+            pid = reply["replicas"][0]["pids"][0]
+            wait_for(partial(worker_running, pid))
+            cgd_start.append(time.perf_counter() - begin)
+            ok(cgd, "DELETE", f"/v1/components/w{n}")
+            cgd_cycle.append(time.perf_counter() - begin)
+    for system, start, cycle in (("cgd", cgd_start, cgd_cycle), ("naive", naive_start, naive_cycle)):
+        table.add(system, len(cycle), ms(percentile(start, 50)), ms(percentile(start, 99)),
+                  ms(percentile(cycle, 50)), ms(percentile(cycle, 99)),
+                  ratio(percentile(cycle, 50), percentile(naive_cycle, 50)))
+    table.note("The worker is `sleep`, so what is timed is the manager, not the worker. cgd's start goes "
+               "through the state commit, circus and a launch shim that drops privileges and execs the "
+               "worker; its release stops the worker (SIGTERM, wait) and commits again.")
+    return table
+
+
+def cli(quick: bool) -> Table:
+    reps = 5 if quick else 20
+    table = Table("cgctl: start-up, and `cgctl allocate NAME --memory 1GiB -- CMD` until the worker runs",
+                  ["command", "samples", "p50 ms", "p99 ms", "vs baseline", "baseline"])
+    cgctl = _executable("cgctl")
+    floor = _times(lambda: _quiet([sys.executable, "-c", "pass"]), reps)
+    version = _times(lambda: _quiet([cgctl, "--version"]), reps)
+    table.add("cgctl --version", reps, ms(percentile(version, 50)), ms(percentile(version, 99)),
+              ratio(percentile(version, 50), percentile(floor, 50)), "python -c pass")
+    table.add("python -c pass", reps, ms(percentile(floor, 50)), ms(percentile(floor, 99)), "1.00x", "")
+    naive: list[float] = []
+    with scratch("cg-naive-") as root:
+        launcher = [sys.executable, "-m", "benchmarks.baselines", "launch", "--state", str(root / "books.json"),
+                    "--instance", str(root), "--memory", str(SHARE_MIB), "--", *SLEEP]
+        try:
+            for _ in range(reps):
+                begin = time.perf_counter()
+                pid = int(subprocess.run(launcher, capture_output=True, text=True, check=True,
+                                         cwd=Path(__file__).resolve().parent.parent).stdout)
+                wait_for(partial(worker_running, pid, MARKER))
+                naive.append(time.perf_counter() - begin)
+        finally:
+            kill_all(marked_processes(MARKER, str(root)))
+    ours: list[float] = []
+    listing: list[float] = []
+    with running_cgd() as cgd:
+        for n in range(reps):
+            begin = time.perf_counter()
+            done = cgd.cgctl("--json", "allocate", f"c{n}", "--memory", "1GiB", "--", *SLEEP)
+            if done.returncode != 0:
+                raise RuntimeError(f"cgctl allocate failed: {done.stderr}")
+            pid = json.loads(done.stdout)["replicas"][0]["pids"][0]
+            wait_for(partial(worker_running, pid))
+            ours.append(time.perf_counter() - begin)
+        listing = _times(lambda: cgd.cgctl("list").check_returncode(), reps)
+    table.add("cgctl allocate ... -- sleep", reps, ms(percentile(ours, 50)), ms(percentile(ours, 99)),
+              ratio(percentile(ours, 50), percentile(naive, 50)), "naive launcher")
+    table.add("naive launcher -- sleep", reps, ms(percentile(naive, 50)), ms(percentile(naive, 99)), "1.00x", "")
+    table.add(f"cgctl list ({reps} components)", reps, ms(percentile(listing, 50)), ms(percentile(listing, 99)),
+              ratio(percentile(listing, 50), percentile(floor, 50)), "python -c pass")
+    table.note("naive launcher: `python -m benchmarks.baselines launch`, first-fit on a bookings file then "
+               "Popen, a script of the same size as cgctl's work; both are timed until the worker process "
+               "has its CUDA_VISIBLE_DEVICES in /proc.")
+    table.note(f"mean cgctl allocate {ms(mean(ours)):.1f} ms, of which start-up about "
+               f"{ms(percentile(version, 50)):.1f} ms.")
+    return table
+
+
+def _quiet(argv: list[str]) -> None:
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+
+
+def _times(action: Callable[[], object], reps: int) -> list[float]:
+    action()
+    times = []
+    for _ in range(reps):
+        begin = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - begin)
+    return times
+
+
+def run(quick: bool = False) -> list[Table]:
+    return [api(quick), worker_cycle(quick), cli(quick)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    for table in run(parser.parse_args().quick):
+        print(render_text(table), end="\n\n")
+
+
+if __name__ == "__main__":
+    main()

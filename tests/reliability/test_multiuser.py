@@ -1,0 +1,219 @@
+"""Two local users on one cgd: neither may touch the other's components, and
+each one's workers run as that user.
+
+cgd runs as root here, so it is in system mode: its socket is 0660 with the
+group `computegroups`. The test creates a user (and the group when it is
+missing), removes both afterwards, and is skipped when it is not root or
+`useradd` is missing. The second user talks to cgd from a forked child that
+has dropped to that user's ids: SO_PEERCRED, which cgd trusts, sees exactly
+what it would see from that user's own shell. `cgctl` itself runs as that
+user only where this Python is reachable by it (it is not under a 0700
+/root), in the last test.
+"""
+
+from __future__ import annotations
+
+import grp
+import http.client
+import json
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon_fixture import Cgd, _executable
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="creating a second user needs root"),
+    pytest.mark.skipif(shutil.which("useradd") is None, reason="useradd is not installed"),
+]
+
+USER = "cgtest"
+GROUP = "computegroups"
+SLEEP = [shutil.which("sleep") or "/bin/sleep", "600"]
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+    def request(self, cgd: Cgd, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        return as_user(self, lambda: cgd.request(method, path, body))
+
+
+def as_user(user: User, action: Callable[[], Any]) -> Any:
+    """`action()` in a forked child that became `user`; its result (JSON) or its exception comes back."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            try:
+                payload = {"result": action()}
+            except (OSError, http.client.HTTPException) as exc:
+                payload = {"error": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__}
+            os.write(write_end, json.dumps(payload).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    payload = json.loads(data)
+    if "error" in payload:
+        raise PermissionError(payload["error"]) if payload["type"] == "PermissionError" else RuntimeError(
+            payload["error"])
+    result = payload["result"]
+    return tuple(result) if isinstance(result, list) else result
+
+
+def _run(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def second_user() -> Iterator[User]:
+    made_group = False
+    try:
+        grp.getgrnam(GROUP)
+    except KeyError:
+        _run("groupadd", "--system", GROUP)
+        made_group = True
+    try:
+        pwd.getpwnam(USER)
+        _run("userdel", "-r", USER)
+    except KeyError:
+        pass
+    _run("useradd", "--create-home", "--shell", "/bin/sh", "--groups", GROUP, USER)
+    try:
+        entry = pwd.getpwnam(USER)
+        yield User(USER, entry.pw_uid, entry.pw_gid, (entry.pw_gid, grp.getgrnam(GROUP).gr_gid))
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True, timeout=30, check=False)
+        subprocess.run(["userdel", "-r", USER], capture_output=True, timeout=30, check=False)
+        if made_group:
+            subprocess.run(["groupdel", GROUP], capture_output=True, timeout=30, check=False)
+
+
+@pytest.fixture
+def shared_cgd(start_cgd: Callable[..., Cgd], second_user: User) -> Iterator[Cgd]:
+    """A cgd whose socket directory other users can reach (pytest's own tmp root is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="cg-multi-"))
+    root.chmod(0o755)
+    cgd = None
+    try:
+        cgd = start_cgd("dgx-h100", root=root)
+        yield cgd
+    finally:
+        if cgd is not None:
+            cgd.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_for_pid(cgd: Cgd, name: str, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, reply = cgd.request("GET", f"/v1/components/{name}")
+        if status == 200 and reply["replicas"][0]["pids"]:
+            pid = reply["replicas"][0]["pids"][0]
+            if Path(f"/proc/{pid}/exe").resolve().name == "sleep":
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"{name} has no running worker after {timeout}s")
+
+
+def ids(pid: int) -> tuple[int, int]:
+    """Real uid and gid of a process, from the kernel."""
+    fields = {line.split(":")[0]: line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+              if line.startswith(("Uid:", "Gid:"))}
+    return int(fields["Uid"]), int(fields["Gid"])
+
+
+def test_socket_admits_the_group_only(shared_cgd: Cgd, second_user: User) -> None:
+    mode = shared_cgd.socket.stat()
+    assert stat.S_IMODE(mode.st_mode) == 0o660 and mode.st_gid == grp.getgrnam(GROUP).gr_gid
+    assert second_user.request(shared_cgd, "GET", "/v1/version")[0] == 200
+    outsider = User(USER, second_user.uid, second_user.gid, (second_user.gid,))
+    with pytest.raises(PermissionError):
+        outsider.request(shared_cgd, "GET", "/v1/version")
+
+
+def test_second_user_cannot_touch_anothers_component(shared_cgd: Cgd, second_user: User) -> None:
+    cgd = shared_cgd
+    status, reply = cgd.request("POST", "/v1/components", {"name": "roots", "claim": {"gpus": 1}, "command": SLEEP,
+                                                           "replicas": 1, "env": {"SECRET": "s3cret"}})
+    assert status == 201, reply
+    wait_for_pid(cgd, "roots")
+    before = (cgd.state_dir / "state.json").read_bytes()
+    refused = {
+        "release": ("DELETE", "/v1/components/roots", None),
+        "scale": ("POST", "/v1/components/roots/scale", {"replicas": 2}),
+        "logs": ("GET", "/v1/components/roots/logs", None),
+        "stderr": ("GET", "/v1/components/roots/logs?stream=stderr&tail=10", None),
+        "env": ("GET", "/v1/components/roots/env", None),
+        "shadow": ("POST", "/v1/components", {"name": "spy", "shadow_of": "roots", "command": SLEEP}),
+        "share": ("POST", "/v1/components", {"name": "spy", "share_with": "roots"}),
+        "drain its group": ("POST", "/v1/groups/roots-0/drain", None),
+    }
+    for what, (method, path, body) in refused.items():
+        status, reply = second_user.request(cgd, method, path, body)
+        assert status == 403 and reply["error"]["code"] == "forbidden", (what, status, reply)
+        assert "s3cret" not in json.dumps(reply), what
+    assert (cgd.state_dir / "state.json").read_bytes() == before, "a refused request changed the state"
+    assert cgd.request("GET", "/v1/components/roots")[1]["replicas_wanted"] == 1
+
+
+def test_second_users_workers_run_as_themselves(shared_cgd: Cgd, second_user: User) -> None:
+    cgd = shared_cgd
+    status, reply = second_user.request(cgd, "POST", "/v1/components", {
+        "name": "theirs", "claim": {"memory_mib": 4096}, "command": [*SLEEP], "replicas": 2})
+    assert status == 201, reply
+    assert reply["owner"]["uid"] == second_user.uid and reply["owner"]["user"] == USER
+    pid = wait_for_pid(cgd, "theirs")
+    assert ids(pid) == (second_user.uid, second_user.gid)
+    out = cgd.log_dir / "theirs" / "0.out"
+    assert out.stat().st_uid == second_user.uid, "its log file is its own"
+    assert second_user.request(cgd, "GET", "/v1/components/theirs/logs")[0] == 200
+    status, reply = second_user.request(cgd, "POST", "/v1/components/theirs/scale", {"replicas": 1})
+    assert status == 200 and reply["replicas_wanted"] == 1, reply
+    # Root administers the machine: it may release anyone's component.
+    status, reply = cgd.request("DELETE", "/v1/components/theirs")
+    assert status == 200 and reply["released"] == ["theirs"], reply
+
+
+def test_cgctl_as_second_user(shared_cgd: Cgd, second_user: User) -> None:
+    """The command line's own refusal, where this Python can be run by another user."""
+    try:
+        subprocess.run([sys.executable, "-c", "pass"], user=second_user.uid, group=second_user.gid,
+                       extra_groups=list(second_user.groups), capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"{sys.executable} cannot be run by {USER} (a 0700 home above it?)")
+    cgd = shared_cgd
+    assert cgd.request("POST", "/v1/components", {"name": "roots", "claim": {"gpus": 1}})[0] == 201
+    env = {**cgd.env(), "HOME": f"/home/{USER}"}
+    done = subprocess.run([_executable("cgctl"), "release", "roots"], user=second_user.uid, group=second_user.gid,
+                          extra_groups=list(second_user.groups), env=env, capture_output=True, text=True,
+                          timeout=30, cwd="/tmp", check=False)
+    assert done.returncode == 1 and "cgctl: error:" in done.stderr and "only its owner" in done.stderr, done
+    done = subprocess.run([_executable("cgctl"), "allocate", "mine", "--memory", "1GiB", "--", *SLEEP],
+                          user=second_user.uid, group=second_user.gid, extra_groups=list(second_user.groups),
+                          env=env, capture_output=True, text=True, timeout=30, cwd="/tmp", check=False)
+    assert done.returncode == 0, done
+    assert ids(wait_for_pid(cgd, "mine")) == (second_user.uid, second_user.gid)
