@@ -104,8 +104,11 @@ class Daemon:
     async def start(self) -> None:
         opts = self.opts
         for directory, mode in ((opts.state_dir, 0o700), (opts.log_dir, 0o755), (opts.runtime_dir, 0o755)):
-            directory.mkdir(parents=True, exist_ok=True)
-            os.chmod(directory, mode)
+            if not directory.exists():
+                # Only directories cgd creates get its modes; an existing one
+                # (say /tmp for --socket /tmp/cgd.sock) is left as it is.
+                directory.mkdir(parents=True)
+                os.chmod(directory, mode)
         self.instance = InstanceLock(opts.state_dir)
         self.instance.acquire()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -47,6 +48,11 @@ from daemon.workers import (
 from statefiles.schema import StateDoc
 
 log = logging.getLogger("cgd.manager")
+
+PROMOTION_MIN_UPTIME_S = 1.0
+"""A shadow younger than this is still starting (its signal handler may not be
+installed, and the promotion signal would end it): the dead primary restarts
+under its own restart policy instead, and no promotion loop can form."""
 
 
 class Manager:
@@ -124,7 +130,9 @@ class Manager:
         for name in partners:
             ref = replica_ref(name, replica)
             w = doc.workers.get(ref)
-            if w and w.role == "shadow" and w.pid and self.supervisor.is_running(watcher_key(name, replica)):
+            if (w and w.role == "shadow" and w.pid and w.create_time
+                    and self.supervisor.is_running(watcher_key(name, replica))
+                    and time.time() - w.create_time >= PROMOTION_MIN_UPTIME_S):
                 return ref
         return None
 
@@ -325,8 +333,8 @@ class Manager:
                 raise NotFound(f"no GPU {index}: `cgctl topo` lists the GPUs") from None
             groups = [g for g in self.doc.groups.values() if any(d.gpu_index == index for d in g.devices)]
             if not caller.is_root and caller.uid != os.geteuid():
-                for g in groups:
-                    check_owner(caller, g.owner_uid, f"group {g.id!r} on GPU {index}")
+                raise Forbidden(f"draining GPU {index} takes root (or cgd's own user): "
+                                "it affects every user of the GPU")
             with self.keeper.transaction() as doc:
                 drained = [u for u in doc.drained if u != gpu.uuid]
                 if drain:
@@ -359,6 +367,7 @@ class Manager:
     async def apply_health(self, facts) -> None:
         """Drain GPUs that failed, mark their groups degraded, account foreign memory."""
         foreign = {i: sum(p["used_memory_mib"] or 0 for p in f.foreign) for i, f in facts.items()}
+        self.keeper.foreign = foreign
         self.keeper.allocator.set_foreign(foreign)
         failed = {i for i, f in facts.items() if f.health != "ok"}
         async with self.keeper.lock:
@@ -394,23 +403,27 @@ class Manager:
                         self.replica_states[over["replica"]] = "stopped-over-share"
 
     async def expire(self) -> None:
-        """Release leases whose client died and reservations past their time."""
+        """Release reservations past their time and leases whose client died.
+
+        Each is handled on its own: one that cannot be released now (a lease
+        someone still shares) must not hold back the others.
+        """
         now = self.keeper.clock()
-        dead = [c.name for c in self.doc.components.values()
-                if c.lease_pid and c.state != "releasing" and not _alive(c.lease_pid, c.lease_start)]
-        if dead:
-            async with self.keeper.lock:
-                live = [n for n in dead if n in self.doc.components]
-                log.warning("releasing %s: the client that held the lease is gone", ", ".join(live))
-                await self._release_locked(live)
-        expired = [r.name for r in self.doc.reservations.values() if r.expires_at <= now]
-        if expired:
-            async with self.keeper.lock:
+        async with self.keeper.lock:
+            expired = [r.name for r in self.doc.reservations.values() if r.expires_at <= now]
+            if expired:
                 with self.keeper.transaction() as doc:
                     for name in expired:
-                        if name in doc.reservations:
-                            release_reservation(doc, self.keeper, name)
+                        release_reservation(doc, self.keeper, name)
                 log.info("reservations expired: %s", ", ".join(expired))
+            dead = [c.name for c in self.doc.components.values()
+                    if c.lease_pid and c.state != "releasing" and not _alive(c.lease_pid, c.lease_start)]
+            for name in dead:
+                try:
+                    await self._release_locked([name])
+                    log.warning("released %s: the client that held its lease is gone", name)
+                except Conflict as exc:
+                    log.warning("lease of %s ended but it cannot be released yet: %s", name, exc)
 
     # -- reads --------------------------------------------------------------------
 

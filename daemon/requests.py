@@ -77,6 +77,9 @@ class ComponentRequest:
     def from_spec(cls, name: str, spec: Mapping[str, Any]) -> ComponentRequest:
         body = dict(spec)
         body["name"] = name
+        # The record's replica count is the truth (it may be 0 after a scale-in);
+        # the stored spec's copy is not a request to validate.
+        body.pop("replicas", None)
         return parse_component(body)
 
 

@@ -23,10 +23,11 @@ import tornado.netutil
 import tornado.web
 
 from daemon import __version__
-from daemon.errors import BadRequest, ManagerError
+from daemon.errors import BadRequest, ManagerError, Unavailable
 from daemon.manager import Caller, Manager
 from daemon.requests import RequestError, check_name, parse_component, parse_group, parse_reservation, parse_scale
 from daemon.worklogs import log_paths, read_log
+from statefiles.errors import StateLockedError
 
 log = logging.getLogger("cgd.server")
 
@@ -110,9 +111,14 @@ class ApiHandler(tornado.web.RequestHandler):
         if not json_depth_ok(raw):
             raise BadRequest(f"body: nested deeper than {MAX_DEPTH} levels")
         try:
-            return json.loads(raw)
+            data = json.loads(raw)
+            # Lone surrogates parse but can never be written out as UTF-8.
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest("body: a string holds a lone UTF-16 surrogate, which is not text") from None
         except (ValueError, RecursionError) as exc:
             raise BadRequest(f"body: not valid JSON ({str(exc)[:120]})") from None
+        return data
 
     def reply(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -137,6 +143,10 @@ class ApiHandler(tornado.web.RequestHandler):
             return
         except ManagerError as exc:
             self._error(exc)
+            self.finish()
+            return
+        except StateLockedError as exc:
+            self._error(Unavailable(str(exc)))
             self.finish()
             return
         self.reply(result, status)
@@ -244,7 +254,10 @@ class LogsHandler(ApiHandler):
                 raise BadRequest("stream: must be stdout or stderr")
             out, err = log_paths(self.app.log_dir, comp.name, replica)
             path = out if stream == "stdout" else err
-            return read_log(path, tail=self.query_int("tail"), offset=self.query_int("offset"))
+            tail, offset = self.query_int("tail"), self.query_int("offset")
+            if (tail is not None and tail < 0) or (offset is not None and offset < 0):
+                raise BadRequest("tail and offset must be >= 0")
+            return read_log(path, tail=tail, offset=offset)
         await self.run(logs)
 
 

@@ -71,12 +71,14 @@ class StateKeeper:
         self.lock = asyncio.Lock()
         self.doc: StateDoc = store.load()
         self.unhealthy: set[int] = set()
+        self.foreign: dict[int, int] = {}
         self.allocator = self._build_allocator(self.doc)
 
     def _build_allocator(self, doc: StateDoc) -> Allocator:
         allocator = Allocator(self.machine, self.config.allocator)
         allocator.restore(self._holdings(doc))
         allocator.set_unavailable(self.unavailable_gpus(doc))
+        allocator.set_foreign(self.foreign)
         return allocator
 
     def _holdings(self, doc: StateDoc) -> list[Holding]:
@@ -219,6 +221,8 @@ def new_component_records(
     replicas = request.replicas
     refs_by_replica = {i: replica_ref(name, i) for i in range(replicas)}
     reservation = doc.reservations.get(name)
+    if reservation is not None and (request.shadow_of or request.share_with):
+        raise Conflict(f"reservation {name!r} exists: allocate it by name or release it first")
     if request.shadow_of or request.share_with:
         target_name = request.shadow_of or request.share_with
         target = component_or_404(doc, target_name)
@@ -359,8 +363,9 @@ def remove_component(doc: StateDoc, keeper: StateKeeper, name: str, releasing: s
     for key in [k for k, w in doc.workers.items() if w.component == name]:
         del doc.workers[key]
     freed = detach_refs(doc, refs, keeper.allocator, releasing)
+    reserved = {gid for r in doc.reservations.values() for gid in r.group_ids}
     for gid, g in list(doc.groups.items()):
-        if g.owner == name and not g.users:
+        if g.owner == name and not g.users and gid not in reserved:
             del doc.groups[gid]
             release_if_held(keeper.allocator, gid)
             freed.append(gid)

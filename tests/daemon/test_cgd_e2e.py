@@ -190,6 +190,8 @@ def test_shadow_promotion(cgd: Cgd) -> None:
     # The shadow must have installed its SIGUSR1 handler before it can be promoted.
     shadow_log = cgd.log_dir / "web-standby" / "0.out"
     wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
+    # cgd promotes only a shadow that has run for a second (daemon.manager.PROMOTION_MIN_UPTIME_S).
+    wait_for(lambda: time.time() - psutil.Process(shadow).create_time() >= 1.1)
     os.kill(primary, signal.SIGKILL)
     wait_for(lambda: role_file.read_text().strip() == "primary", timeout=5)
     reply = cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]
@@ -275,3 +277,22 @@ def test_worker_over_its_share_is_stopped_when_policy_says_so(start_cgd, tmp_pat
     over = cgd.request("GET", "/v1/status")[1]["gpus"][gpu]["over_share"]
     assert over == [] or over[0]["replica"] == "greedy/0"
     assert "over its share" in cgd.log()
+
+
+def test_scale_to_zero_and_back(cgd: Cgd) -> None:
+    allocate(cgd, {"name": "z", "claim": {"gpus": 1}, "replicas": 2})
+    assert cgd.request("POST", "/v1/components/z/scale", {"replicas": 0})[0] == 200
+    assert state_file(cgd)["groups"] == {}
+    status, reply = cgd.request("POST", "/v1/components/z/scale", {"replicas": 1})
+    assert status == 200 and len(reply["replicas"]) == 1, reply
+
+
+def test_a_reservation_cannot_be_taken_through_sharing(cgd: Cgd) -> None:
+    assert cgd.request("POST", "/v1/reservations", {"name": "held", "claim": {"gpus": 2}, "ttl_s": 600})[0] == 201
+    allocate(cgd, {"name": "base", "claim": {"memory_mib": 1000}})
+    before = state_file(cgd)
+    status, reply = cgd.request("POST", "/v1/components", {"name": "held", "share_with": "base"})
+    assert status == 409 and "reservation 'held' exists" in reply["error"]["message"]
+    assert state_file(cgd) == before
+    status, reply = cgd.request("GET", "/v1/components/base/logs?offset=-3")
+    assert status == 400

@@ -107,8 +107,6 @@ def test_invariant_checks_catch_what_they_claim(cgd: Cgd) -> None:
     assert "cgd says '7,6'" in found
 
 
-@pytest.mark.xfail(strict=True, reason="cgd bug reported to the lead: a shadow promoted before its handler is "
-                                       "installed dies of the signal, and the promotions ping-pong without end")
 def test_back_to_back_deaths_do_not_loop_promotions(cgd: Cgd) -> None:
     """The primary dies, then the shadow that took over dies while the old
     primary is just coming back as the new shadow: that fresh shadow must

@@ -249,7 +249,6 @@ def test_fuzzed_requests_long(cgd: Cgd, seed: int) -> None:
     pytest.param("POST", "/v1/components", b'{"name": "fz", "claim": {"gpus": 1}, "env": {"K": "\\udfff"}}',
                  id="lone-surrogate-in-env"),
 ])
-@pytest.mark.xfail(strict=True, reason="cgd bug reported to the lead: answered 500 (internal) instead of 400")
 def test_requests_the_fuzz_found_are_refused_as_bad(cgd: Cgd, method: str, path: str, raw: bytes | None) -> None:
     fixtures(cgd)
     before = state_bytes(cgd)
