@@ -27,7 +27,7 @@ class Failed(click.ClickException):
     exit_code = 1
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(f"cgctl: error: {self.format_message()}", file=file or click.get_text_stream("stderr"))
+        click.echo(f"cgctl: error: {self.format_message()}", file=file, err=file is None)
 
 
 def fail(message: str) -> NoReturn:
