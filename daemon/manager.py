@@ -344,8 +344,13 @@ class Manager:
                     current = doc.groups[g.id]
                     if drain and current.state == "allocated":
                         doc.groups[g.id] = replace(current, state="draining")
-                    elif not drain and current.state == "draining":
+                    elif not drain and current.state in ("draining", "degraded") and index not in self.keeper.unhealthy:
                         doc.groups[g.id] = replace(current, state="allocated")
+                if not drain:
+                    for name, comp in list(doc.components.items()):
+                        mine = [g for g in doc.groups.values() if any(u.split("/")[0] == name for u in g.users)]
+                        if comp.state == "degraded" and not any(g.state == "degraded" for g in mine):
+                            doc.components[name] = replace(comp, state="running" if comp.spec.get("command") else "allocated")
             return {"gpu": index, "drained": drain, "groups": sorted(g.id for g in groups)}
 
     # -- health, leases, expiry -------------------------------------------------

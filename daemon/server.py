@@ -254,6 +254,12 @@ class LogsHandler(ApiHandler):
                 raise BadRequest("stream: must be stdout or stderr")
             out, err = log_paths(self.app.log_dir, comp.name, replica)
             path = out if stream == "stdout" else err
+            try:
+                if os.stat(path).st_uid != comp.owner_uid:
+                    # Left by an earlier component of the same name and another owner.
+                    return {"path": str(path), "offset": 0, "size": 0, "data": ""}
+            except FileNotFoundError:
+                pass
             tail, offset = self.query_int("tail"), self.query_int("offset")
             if (tail is not None and tail < 0) or (offset is not None and offset < 0):
                 raise BadRequest("tail and offset must be >= 0")

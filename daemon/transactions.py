@@ -375,6 +375,14 @@ def remove_component(doc: StateDoc, keeper: StateKeeper, name: str, releasing: s
 
 def check_scale_in(doc: StateDoc, comp: ComponentRecord, replicas: int) -> None:
     """Refuse a scale-in that would pull groups from under a sharer's replicas."""
+    shadows = set(dependents(doc, comp.name)[0])
+    for i in range(replicas, comp.replicas):
+        for g in replica_groups(doc, comp.name, i):
+            if g.scope == "per-replica":
+                others = sorted({u.split("/")[0] for u in g.users} - {comp.name} - shadows)
+                if others:
+                    raise Conflict(f"component {others[0]!r} uses group {g.id!r} of replica {i}: "
+                                   "release or scale it first")
     for other in dependents(doc, comp.name)[1]:
         dep = doc.components[other]
         if dep.spec.get("scope") == "per-replica" and dep.replicas > replicas:

@@ -221,6 +221,12 @@ def test_injected_gpu_fault_drains_and_degrades(start_cgd, tmp_path: Path) -> No
     assert cgd.request("GET", "/v1/components/victim")[1]["state"] == "degraded"
     status, reply = cgd.request("POST", "/v1/components", {"name": "x", "claim": {"gpu_ids": [3], "gpus": 1}})
     assert status in (409, 422), reply
+    # Once the GPU is healthy again, undraining it brings its groups back.
+    cgd.faults_file.write_text("{}")
+    wait_for(lambda: cgd.request("GET", "/v1/status")[1]["gpus"][3]["health"] == "ok")
+    assert cgd.request("POST", "/v1/gpus/3/undrain")[0] == 200
+    assert cgd.request("GET", "/v1/components/victim")[1]["state"] == "allocated"
+    assert state_file(cgd)["groups"]["victim-0"]["state"] == "allocated"
 
 
 def test_lease_released_when_client_dies(cgd: Cgd) -> None:
