@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from benchmarks.harness import (
     wait_for,
     worker_running,
 )
-from benchmarks.report import Table, mean, ms, percentile, ratio, render_text
+from benchmarks.report import Table, mean, ms, percentile, ratio, run_standalone
 from tests.daemon_fixture import Cgd, _executable
 
 CLIENTS = (1, 8, 32)
@@ -253,10 +252,7 @@ def run(quick: bool = False) -> list[Table]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    for table in run(parser.parse_args().quick):
-        print(render_text(table), end="\n\n")
+    run_standalone(__doc__, run)
 
 
 if __name__ == "__main__":

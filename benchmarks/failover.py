@@ -16,7 +16,6 @@ Linux) to an events file.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -25,7 +24,7 @@ from functools import partial
 from pathlib import Path
 
 from benchmarks.harness import ok, running_cgd, wait_for
-from benchmarks.report import Table, ms, percentile, ratio, render_text
+from benchmarks.report import Table, ms, percentile, ratio, run_standalone
 from tests.daemon_fixture import Cgd
 
 LOAD_S = 2.0
@@ -139,10 +138,7 @@ def run(quick: bool = False) -> list[Table]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    for table in run(parser.parse_args().quick):
-        print(render_text(table), end="\n\n")
+    run_standalone(__doc__, run)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ this section says so and the rest of the run goes on. It measures:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 from benchmarks.baselines import GPU_MIB, GPUS
 from benchmarks.harness import ok, running_cgd, wait_for
-from benchmarks.report import Table, ms, percentile, ratio, render_text, skipped
+from benchmarks.report import Table, ms, percentile, ratio, run_standalone, skipped
 from tests.daemon_fixture import Cgd
 
 TITLE = "Ray with logical GPUs"
@@ -139,10 +138,7 @@ def _cgd_scenario(cgd: Cgd) -> tuple[int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    for table in run(parser.parse_args().quick):
-        print(render_text(table), end="\n\n")
+    run_standalone(__doc__, run)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Idle cost: RSS and CPU of cgd doing nothing (its health loop samples every
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ from benchmarks.harness import (
     wait_for,
     worker_running,
 )
-from benchmarks.report import Table, ms, percentile, ratio, render_text
+from benchmarks.report import Table, ms, percentile, ratio, run_standalone
 from tests.daemon_fixture import Cgd
 
 COMPONENTS = 100
@@ -151,10 +150,7 @@ def run(quick: bool = False) -> list[Table]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    for table in run(parser.parse_args().quick):
-        print(render_text(table), end="\n\n")
+    run_standalone(__doc__, run)
 
 
 if __name__ == "__main__":

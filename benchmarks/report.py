@@ -14,7 +14,7 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,3 +150,13 @@ def _is_number(value: Any) -> bool:
 
 def _pad(text: str, width: int, right: bool) -> str:
     return text.rjust(width) if right else text.ljust(width)
+
+
+def run_standalone(doc: str | None, run: Callable[[bool], list[Table]]) -> None:
+    """`python -m benchmarks.X [--quick]`: one section alone, printed as text."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0] if doc else None)
+    parser.add_argument("--quick", action="store_true")
+    for table in run(parser.parse_args().quick):
+        print(render_text(table), end="\n\n")
