@@ -1,1 +1,3 @@
-"""Benchmarks: each module has `run(quick=False) -> list[dict]` and runs alone with `python -m benchmarks.<name>`."""
+"""Benchmarks: `python -m benchmarks [--quick] [--only NAME]` runs them all in one process,
+each figure beside a baseline measured in the same run; most sections also run alone
+as `python -m benchmarks.<name>`."""
