@@ -1,16 +1,19 @@
 """Deployments: a set of components applied, scaled and deleted as one.
 
-Every operation is the same reconcile, under the manager's lock: expand the
-wanted spec into a plan (`daemon.deployment_plan`), compare it with what the
-state holds for the deployment, and change only the difference. The order
-keeps the manager's promises:
+Every operation is the same reconcile: expand the wanted spec into a plan
+(`daemon.deployment_plan`), compare it with what the state holds for the
+deployment, and change only the difference. The order keeps the manager's
+promises:
 
-1. decide once in a transaction that is thrown away: a claim that does not
-   fit refuses the whole operation before any process was touched;
-2. stop the workers that go away or must restart (their env changes), while
-   the state still names them;
-3. decide again for real and commit: stale groups and records go, new groups
-   are placed, users attached, records written;
+1. under the manager's lock, decide once in a transaction that is thrown
+   away: a claim that does not fit refuses the whole operation before any
+   process was touched;
+2. without the lock (the deployment and its components marked busy), stop the
+   workers that go away or must restart (their env changes), while the state
+   still names them;
+3. under the lock again, plan again (anything changed meanwhile: restart what
+   was stopped and refuse), decide for real and commit: stale groups and
+   records go, new groups are placed, users attached, records written;
 4. start the new and restarted workers.
 
 The deployment's groups are the ones its stored plan names (same id, same
@@ -87,38 +90,53 @@ class _Diff:
         }
 
 
+@dataclass(frozen=True)
+class _Change:
+    """A deployment's stored spec, the wanted one (None to delete), and who owns it."""
+
+    old: DeploymentSpec | None
+    new: DeploymentSpec | None
+    owner: tuple[int, int]
+    source: str | None
+
+
 class Deployments:
     """The deployment operations of the API; state is written only through the manager's keeper."""
 
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
         self.keeper = manager.keeper
+        self._busy: set[str] = set()
 
     async def apply(self, caller: Caller, data: Any, source: str | None) -> dict[str, Any]:
         """Create the deployment, or bring it to a new version of its file."""
         spec = _checked(lambda: parse(data, source))
-        async with self.keeper.lock:
+        created = False
+
+        def decide() -> _Change:
+            nonlocal created
             record = self.keeper.doc.deployments.get(spec.name)
-            old = None
-            owner = (caller.uid, caller.gid)
-            if record is not None:
-                check_owner(caller, record.owner_uid, f"deployment {spec.name!r}")
-                old = DeploymentSpec.from_dict(record.spec)
-                try:
-                    check_immutable(old, spec, source)
-                except DeploymentError as exc:
-                    raise Conflict(str(exc)) from None
-                spec = spec.carry_sizes(old)
-                owner = (record.owner_uid, record.owner_gid)
-            for i, c in enumerate(spec.components):
-                if c.cwd is not None and not os.path.isdir(c.cwd):
-                    raise BadRequest(f"{source or spec.name}: components[{i}].cwd: {c.cwd} is not a directory")
-            changes = await self._reconcile(spec.name, old, spec, owner, source)
-            return {**self.tree(spec.name), "changes": {"created": record is None, **changes}}
+            created = record is None
+            if record is None:
+                return _Change(None, spec, (caller.uid, caller.gid), source)
+            check_owner(caller, record.owner_uid, f"deployment {spec.name!r}")
+            old = DeploymentSpec.from_dict(record.spec)
+            try:
+                check_immutable(old, spec, source)
+            except DeploymentError as exc:
+                raise Conflict(str(exc)) from None
+            return _Change(old, spec.carry_sizes(old), (record.owner_uid, record.owner_gid), source)
+
+        for i, c in enumerate(spec.components):
+            if c.cwd is not None and not os.path.isdir(c.cwd):
+                raise BadRequest(f"{source or spec.name}: components[{i}].cwd: {c.cwd} is not a directory")
+        changes = await self._reconcile(spec.name, decide)
+        return {**self.tree(spec.name), "changes": {"created": created, **changes}}
 
     async def scale(self, caller: Caller, name: str, target: str | None, replicas: int) -> dict[str, Any]:
         """Scale the set (`target` None), a scaling group or a component in every set replica."""
-        async with self.keeper.lock:
+
+        def decide() -> _Change:
             record = self._record(name)
             check_owner(caller, record.owner_uid, f"deployment {name!r}")
             old = DeploymentSpec.from_dict(record.spec)
@@ -129,18 +147,23 @@ class Deployments:
                                f"`cgctl get {name}` shows them") from None
             except DeploymentError as exc:
                 raise BadRequest(str(exc)) from None
-            changes = await self._reconcile(name, old, new, (record.owner_uid, record.owner_gid), record.source)
-            return {**self.tree(name), "changes": {"created": False, **changes}}
+            return _Change(old, new, (record.owner_uid, record.owner_gid), record.source)
+
+        changes = await self._reconcile(name, decide)
+        return {**self.tree(name), "changes": {"created": False, **changes}}
 
     async def delete(self, caller: Caller, name: str) -> dict[str, Any]:
         """Remove every component, worker and group the deployment made, and nothing else."""
-        async with self.keeper.lock:
+
+        def decide() -> _Change:
             record = self._record(name)
             check_owner(caller, record.owner_uid, f"deployment {name!r}")
             old = DeploymentSpec.from_dict(record.spec)
-            changes = await self._reconcile(name, old, None, (record.owner_uid, record.owner_gid), record.source)
-            return {"deleted": name, "components": changes["components_deleted"],
-                    "groups": changes["groups_deleted"], "workers": changes["workers_stopped"]}
+            return _Change(old, None, (record.owner_uid, record.owner_gid), record.source)
+
+        changes = await self._reconcile(name, decide)
+        return {"deleted": name, "components": changes["components_deleted"],
+                "groups": changes["groups_deleted"], "workers": changes["workers_stopped"]}
 
     def tree(self, name: str) -> dict[str, Any]:
         record = self._record(name)
@@ -164,16 +187,56 @@ class Deployments:
 
     # -- the reconcile ---------------------------------------------------------
 
-    async def _reconcile(self, name: str, old: DeploymentSpec | None, new: DeploymentSpec | None,
-                         owner: tuple[int, int], source: str | None) -> dict[str, list[str]]:
-        old_plan = expand(old) if old is not None else Plan(name)
-        plan = _checked(lambda: expand(new), source) if new is not None else Plan(name)
+    async def _reconcile(self, name: str, decide: Callable[[], _Change]) -> dict[str, list[str]]:
+        """Plan under the lock, stop workers outside it, then commit under it again.
+
+        Stopping can take the workers' whole grace period, so the lock is let
+        go meanwhile: the deployment and its components are marked busy, and
+        the plan is made again before the commit. If anything it depends on
+        changed, the stopped workers are started again and nothing changes.
+        """
+        async with self.keeper.lock:
+            if name in self._busy:
+                raise Conflict(f"deployment {name!r} is being changed: try again once that is done")
+            change = decide()
+            diff = self._plan(name, change)
+            members = sorted(set(diff.gone_components) | set(diff.plan.instances)
+                             | {n for n, c in self.keeper.doc.components.items() if c.deployment == name})
+            self.manager.check_idle(*members)
+            if not diff.stop:
+                self._commit(diff)
+                await self.manager.start_workers(diff.start)
+                return diff.changes()
+            self.manager.mark_busy(members, f"being changed by deployment {name!r}")
+            self._busy.add(name)
+        try:
+            await self.manager.stop_workers(diff.stop)
+            async with self.keeper.lock:
+                try:
+                    again = self._plan(name, change)
+                    if (again.changes(), again.foreign_users) != (diff.changes(), diff.foreign_users):
+                        raise Conflict(f"deployment {name!r}: its groups changed while its workers stopped; "
+                                       "nothing was changed, apply again")
+                    self._commit(diff)
+                except BaseException:
+                    await self.manager.start_workers([r for r in diff.stop if r in self.keeper.doc.workers])
+                    raise
+                await self.manager.start_workers(diff.start)
+                return diff.changes()
+        finally:
+            self._busy.discard(name)
+            self.manager.clear_busy(members)
+
+    def _plan(self, name: str, change: _Change) -> _Diff:
+        """The difference to make, checked in a transaction that is thrown away."""
+        old_plan = expand(change.old) if change.old is not None else Plan(name)
+        plan = _checked(lambda: expand(change.new), change.source) if change.new is not None else Plan(name)
         doc = self.keeper.doc
         held = {gid for gid, g in old_plan.groups.items() if gid in doc.groups and doc.groups[gid].owner == g.owner}
         mine = {n for n, c in doc.components.items() if c.deployment == name}
-        if new is not None:
+        if change.new is not None:
             _check_free(doc, name, plan, mine, held)
-        diff = _diff(doc, name, plan, new, owner, source, mine, held)
+        diff = _diff(doc, name, plan, change.new, change.owner, change.source, mine, held)
         if diff.new_groups:
             try:
                 with self.keeper.transaction() as trial:
@@ -181,18 +244,14 @@ class Deployments:
                     raise _Trial
             except _Trial:
                 pass
-        await self.manager.stop_workers(diff.stop)
-        try:
-            with self.keeper.transaction() as txn:
-                _decide(txn, self.keeper, diff)
-        except BaseException:
-            await self.manager.start_workers([r for r in diff.stop if r in self.keeper.doc.workers])
-            raise
-        await self.manager.start_workers(diff.start)
+        return diff
+
+    def _commit(self, diff: _Diff) -> None:
+        with self.keeper.transaction() as txn:
+            _decide(txn, self.keeper, diff)
         if diff.stale_groups or diff.new_groups:
-            log.info("deployment %s: %d groups created, %d deleted", name, len(diff.new_groups),
+            log.info("deployment %s: %d groups created, %d deleted", diff.name, len(diff.new_groups),
                      len(diff.stale_groups))
-        return diff.changes()
 
 
 def _checked(decide: Callable[[], Any], source: str | None = None) -> Any:

@@ -36,6 +36,7 @@ from daemon.transactions import (
     scale_component,
 )
 from daemon.views import component_view, group_view, reservation_view
+from daemon.workerenv import owner_env
 from daemon.workers import (
     WorkerPaths,
     build_env,
@@ -63,6 +64,12 @@ class Manager:
         self.config = keeper.config
         self.replica_states: dict[str, str] = {}
         self._stopping: set[str] = set()
+        self._busy: dict[str, str] = {}
+        """Components whose workers are being stopped outside the lock, and why.
+
+        Stopping can take a worker's whole grace period; the lock is not held
+        for it, so other users are not stalled, and these names are refused
+        to any other change until the operation that stops them commits."""
         self._tasks: set[asyncio.Task] = set()
         self._adhoc = 0
 
@@ -177,6 +184,7 @@ class Manager:
                     doc.workers[ref] = replace(doc.workers[ref], pid=ev.pid, create_time=ev.create_time)
 
     async def stop_workers(self, refs: list[str]) -> None:
+        """Stop workers all at once: each may take its whole grace period."""
         keys = []
         for ref in refs:
             w = self.doc.workers.get(ref)
@@ -185,13 +193,16 @@ class Manager:
             key = watcher_key(w.component, w.replica)
             self._stopping.add(key)
             keys.append((ref, key, w))
+
+        async def stop(ref: str, key: str, w) -> None:
+            if self.supervisor.is_running(key) or key in self.supervisor.keys():
+                await self.supervisor.stop_worker(key)
+            elif w.pid and w.create_time:
+                await self.supervisor.stop_stray(w.pid, w.create_time, 10.0)
+            self.replica_states.pop(ref, None)
+
         try:
-            for ref, key, w in keys:
-                if self.supervisor.is_running(key) or key in self.supervisor.keys():
-                    await self.supervisor.stop_worker(key)
-                elif w.pid and w.create_time:
-                    await self.supervisor.stop_stray(w.pid, w.create_time, 10.0)
-                self.replica_states.pop(ref, None)
+            await asyncio.gather(*(stop(ref, key, w) for ref, key, w in keys))
         finally:
             for _, key, _ in keys:
                 self._stopping.discard(key)
@@ -201,56 +212,113 @@ class Manager:
     async def allocate(self, caller: Caller, request: ComponentRequest) -> dict[str, Any]:
         if request.cwd is not None and not os.path.isdir(request.cwd):
             raise BadRequest(f"cwd: {request.cwd} is not a directory")
+        if request.command:
+            try:
+                owner_env(caller.uid, caller.gid)
+            except ValueError as exc:
+                raise BadRequest(f"cannot run workers for the caller: {exc}") from None
         async with self.keeper.lock:
+            self.check_idle(request.name, request.shadow_of, request.share_with)
+            before = self.doc
             with self.keeper.transaction() as doc:
                 comp = new_component_records(doc, self.keeper, request, caller)
                 if request.lease:
                     doc.components[comp.name] = replace(comp, lease_start=_start_time(caller.pid))
-            refs = [ref for ref, w in self.doc.workers.items() if w.component == request.name]
-            try:
-                await self.start_workers(sorted(refs))
-            except Exception as exc:
-                log.error("starting %s failed: %s; undoing the allocation", request.name, exc)
-                await self.stop_workers(refs)
-                with self.keeper.transaction() as doc:
-                    remove_component(doc, self.keeper, request.name, {request.name})
-                raise BadRequest(f"could not start the workers of {request.name!r}: {exc}") from None
+            refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
+            await self._start_or_undo(refs, before, f"the workers of {request.name!r}")
             return self.component(request.name)
+
+    async def _start_or_undo(self, refs: list[str], before: StateDoc, what: str) -> None:
+        """Start the workers a change just committed, or put the state back as it was before it.
+
+        Putting back the earlier document (not releasing what was added)
+        matters when the change took over a reservation: a failed start must
+        leave the reservation held, not consume it. The lock is held since
+        `before` was read, so nothing else changed in between.
+        """
+        try:
+            await self.start_workers(refs)
+        except Exception as exc:
+            log.error("starting %s failed: %s; undoing the change", what, exc)
+            await self.stop_workers(refs)
+            self.keeper.restore(before)
+            for ref in refs:
+                self.replica_states.pop(ref, None)
+            raise BadRequest(f"could not start {what}: {exc}") from None
+
+    def mark_busy(self, names: list[str], why: str) -> None:
+        """Claim components for an operation that stops their workers outside the lock."""
+        self.check_idle(*names)
+        for name in names:
+            self._busy[name] = why
+
+    def clear_busy(self, names: list[str]) -> None:
+        for name in names:
+            self._busy.pop(name, None)
+
+    def check_idle(self, *names: str | None) -> None:
+        """Refuse a change to a component another operation is still stopping workers of."""
+        for name in names:
+            if name is not None and name in self._busy:
+                raise Conflict(f"component {name!r} is {self._busy[name]}: try again once that is done")
 
     async def release(self, caller: Caller, name: str) -> dict[str, Any]:
         async with self.keeper.lock:
-            comp = component_or_404(self.doc, name)
+            self.check_idle(name)
+            comp = self.doc.components.get(name)
+            if comp is None or comp.state != "releasing":  # a release whose stop failed may be retried
+                comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
             if comp.deployment:
                 raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
-            return await self._release_locked([name])
+            closure, refs = self._begin_release([name])
+        return await self._finish_release(closure, refs)
 
     async def release_all(self, caller: Caller) -> dict[str, Any]:
         async with self.keeper.lock:
             mine = [c.name for c in self.doc.components.values()
-                    if c.owner_uid == caller.uid and c.state != "releasing" and not c.deployment]
-            return await self._release_locked(mine)
+                    if c.owner_uid == caller.uid and c.state != "releasing" and not c.deployment
+                    and c.name not in self._busy]
+            closure, refs = self._begin_release(mine)
+        return await self._finish_release(closure, refs)
 
-    async def _release_locked(self, names: list[str]) -> dict[str, Any]:
+    def _begin_release(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """Under the lock: mark the components and their shadows releasing, durably.
+
+        From here on their exits restart nothing and nobody can attach to
+        them; if cgd dies before `_finish_release`, recovery finishes it.
+        """
         doc = self.doc
         closure: list[str] = []
         for name in names:
             for member in (name, *dependents(doc, name)[0]):
                 if member not in closure:
                     closure.append(member)
+        self.check_idle(*closure)
         for name in closure:
             sharers = [s for s in dependents(doc, name)[1] if s not in closure]
             if sharers:
                 raise Conflict(f"component {sharers[0]!r} shares the groups of {name!r}: release it first")
-        with self.keeper.transaction() as doc:
-            for name in closure:
-                doc.components[name] = replace(doc.components[name], state="releasing")
-        refs = [ref for ref, w in self.doc.workers.items() if w.component in closure]
-        await self.stop_workers(refs)
-        freed: list[str] = []
-        with self.keeper.transaction() as doc:
-            for name in sorted(closure, key=lambda n: doc.components[n].shadow_of is None):
-                freed.extend(remove_component(doc, self.keeper, name, set(closure)))
+        if closure:
+            with self.keeper.transaction() as doc:
+                for name in closure:
+                    doc.components[name] = replace(doc.components[name], state="releasing")
+        self.mark_busy(closure, "being released")
+        return closure, [ref for ref, w in self.doc.workers.items() if w.component in closure]
+
+    async def _finish_release(self, closure: list[str], refs: list[str]) -> dict[str, Any]:
+        """Without the lock: stop the workers; then, under it, free the groups."""
+        try:
+            await self.stop_workers(refs)
+            freed: list[str] = []
+            async with self.keeper.lock:
+                present = [n for n in closure if n in self.doc.components]
+                if present:
+                    with self.keeper.transaction() as doc:
+                        for name in sorted(present, key=lambda n: doc.components[n].shadow_of is None):
+                            freed.extend(remove_component(doc, self.keeper, name, set(present)))
+        finally:
+            self.clear_busy(closure)
         return {"released": closure, "groups": sorted(freed)}
 
     async def scale(self, caller: Caller, name: str, replicas: int) -> dict[str, Any]:
@@ -261,21 +329,35 @@ class Manager:
                 raise BadRequest(f"{name!r} is a shadow of {comp.shadow_of!r}: scale the primary")
             if comp.deployment:
                 raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: scale it there")
+            if comp.state == "releasing":
+                raise Conflict(f"component {name!r} is being released")
             shadows, _ = dependents(self.doc, name)
+            members = (name, *shadows)
+            self.check_idle(*members)
             old = comp.replicas
-            if replicas < old:
-                gone = [replica_ref(n, i) for n in (name, *shadows) for i in range(replicas, old)]
-                check_scale_in(self.doc, comp, replicas)
-                await self.stop_workers(gone)
-            with self.keeper.transaction() as doc:
-                scale_component(doc, self.keeper, doc.components[name], replicas)
-            if replicas > old:
-                fresh = [replica_ref(n, i) for n in (name, *shadows) for i in range(old, replicas)]
-                await self.start_workers([r for r in fresh if r in self.doc.workers])
-            return self.component(name)
+            if replicas >= old:
+                before = self.doc
+                with self.keeper.transaction() as doc:
+                    scale_component(doc, self.keeper, doc.components[name], replicas)
+                fresh = [replica_ref(n, i) for n in members for i in range(old, replicas)]
+                await self._start_or_undo([r for r in fresh if r in self.doc.workers], before,
+                                          f"the new replicas of {name!r}")
+                return self.component(name)
+            check_scale_in(self.doc, comp, replicas)
+            gone = [replica_ref(n, i) for n in members for i in range(replicas, old)]
+            self.mark_busy(list(members), "being scaled in")
+        try:
+            await self.stop_workers(gone)
+            async with self.keeper.lock:
+                with self.keeper.transaction() as doc:
+                    scale_component(doc, self.keeper, doc.components[name], replicas)
+                return self.component(name)
+        finally:
+            self.clear_busy(list(members))
 
     async def reserve(self, caller: Caller, request: ReservationRequest) -> dict[str, Any]:
         async with self.keeper.lock:
+            self.check_idle(request.name)
             with self.keeper.transaction() as doc:
                 record = new_reservation(doc, self.keeper, request, caller)
             return reservation_view(self.doc, self.doc.reservations[record.name])
@@ -390,7 +472,7 @@ class Manager:
                     for gid in hit:
                         doc.groups[gid] = replace(doc.groups[gid], state="degraded")
                     for name in {u.split("/")[0] for gid in hit for u in doc.groups[gid].users}:
-                        if name in doc.components:
+                        if name in doc.components and doc.components[name].state != "releasing":
                             doc.components[name] = replace(doc.components[name], state="degraded")
         for i, f in facts.items():
             for over in f.over_share:
@@ -422,13 +504,18 @@ class Manager:
                         release_reservation(doc, self.keeper, name)
                 log.info("reservations expired: %s", ", ".join(expired))
             dead = [c.name for c in self.doc.components.values()
-                    if c.lease_pid and c.state != "releasing" and not _alive(c.lease_pid, c.lease_start)]
-            for name in dead:
-                try:
-                    await self._release_locked([name])
-                    log.warning("released %s: the client that held its lease is gone", name)
-                except Conflict as exc:
-                    log.warning("lease of %s ended but it cannot be released yet: %s", name, exc)
+                    if c.lease_pid and c.state != "releasing" and c.name not in self._busy
+                    and not _alive(c.lease_pid, c.lease_start)]
+        for name in dead:
+            try:
+                async with self.keeper.lock:
+                    if name not in self.doc.components:
+                        continue
+                    closure, refs = self._begin_release([name])
+                await self._finish_release(closure, refs)
+                log.warning("released %s: the client that held its lease is gone", name)
+            except Conflict as exc:
+                log.warning("lease of %s ended but it cannot be released yet: %s", name, exc)
 
     # -- reads --------------------------------------------------------------------
 

@@ -9,11 +9,12 @@ failed decision leaves both the state file and the allocator as they were.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from daemon.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement, PlacementError
 from daemon.claims import Claim
@@ -118,6 +119,14 @@ class StateKeeper:
         except BaseException:
             self.allocator = self._build_allocator(self.doc)
             raise
+
+    def restore(self, earlier: StateDoc) -> None:
+        """Commit `earlier`'s content again, under a new generation, and rebuild the allocator from it."""
+        with self.transaction() as doc:
+            for f in fields(StateDoc):
+                if f.name not in ("schema_version", "generation"):
+                    setattr(doc, f.name, copy.deepcopy(getattr(earlier, f.name)))
+        self.allocator = self._build_allocator(self.doc)
 
     def place(self, claim: Claim, group_ids: list[str], owner: str, *, reserved: bool = False) -> tuple[Placement, ...]:
         """The allocator's answer, with its two refusals turned into API errors."""
@@ -227,6 +236,8 @@ def new_component_records(
         target_name = request.shadow_of or request.share_with
         target = component_or_404(doc, target_name)
         check_owner(caller, target.owner_uid, f"component {target_name!r}")
+        if target.state == "releasing":
+            raise Conflict(f"component {target_name!r} is being released")
         if target.shadow_of:
             raise BadRequest(f"{target_name!r} is itself a shadow: attach to its primary {target.shadow_of!r}")
         if request.shadow_of:

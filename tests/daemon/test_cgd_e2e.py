@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -302,3 +303,78 @@ def test_a_reservation_cannot_be_taken_through_sharing(cgd: Cgd) -> None:
     assert state_file(cgd) == before
     status, reply = cgd.request("GET", "/v1/components/base/logs?offset=-3")
     assert status == 400
+
+
+# A worker that ignores SIGTERM: stopping it takes its whole grace period.
+STUBBORN = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+            "while True: time.sleep(0.05)\n")
+
+
+def wait_ready(cgd: Cgd, name: str, replica: int = 0) -> None:
+    log = cgd.log_dir / name / f"{replica}.out"
+    wait_for(lambda: log.exists() and "ready" in log.read_text())
+
+
+def test_a_slow_stop_does_not_stall_other_requests(cgd: Cgd) -> None:
+    import threading
+
+    allocate(cgd, {"name": "slow", "claim": {"gpus": 1}, "command": [sys.executable, "-c", STUBBORN],
+                   "stop_timeout_s": 4})
+    pid = wait_for(lambda: cgd.request("GET", "/v1/components/slow")[1]["replicas"][0]["pids"])[0]
+    wait_ready(cgd, "slow")
+    released: list[tuple[int, Any]] = []
+    began = time.monotonic()
+    releaser = threading.Thread(target=lambda: released.append(cgd.request("DELETE", "/v1/components/slow")))
+    releaser.start()
+    wait_for(lambda: state_file(cgd)["components"].get("slow", {}).get("state") == "releasing")
+    # While the release waits out the grace period, other requests are answered at once.
+    allocate(cgd, {"name": "other", "claim": {"gpus": 1}})
+    assert cgd.request("GET", "/v1/status")[0] == 200
+    status, reply = cgd.request("POST", "/v1/components", {"name": "rider", "share_with": "slow"})
+    assert status == 409 and "being released" in reply["error"]["message"], reply
+    status, reply = cgd.request("DELETE", "/v1/components/slow")
+    assert status == 409 and "being released" in reply["error"]["message"], reply
+    assert time.monotonic() - began < 3.5
+    assert psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    releaser.join(timeout=20)
+    assert released[0][0] == 200 and released[0][1]["released"] == ["slow"], released
+    assert time.monotonic() - began >= 4
+    assert "slow" not in state_file(cgd)["components"] and "slow-0" not in state_file(cgd)["groups"]
+
+
+def test_a_slow_scale_in_does_not_stall_other_requests(cgd: Cgd) -> None:
+    import threading
+
+    allocate(cgd, {"name": "wide", "claim": {"gpus": 1}, "replicas": 2,
+                   "command": [sys.executable, "-c", STUBBORN], "stop_timeout_s": 3})
+    wait_ready(cgd, "wide", 0)
+    wait_ready(cgd, "wide", 1)
+    scaled: list[tuple[int, Any]] = []
+    scaler = threading.Thread(target=lambda: scaled.append(
+        cgd.request("POST", "/v1/components/wide/scale", {"replicas": 1})))
+    began = time.monotonic()
+    scaler.start()
+    time.sleep(0.5)
+    allocate(cgd, {"name": "other", "claim": {"gpus": 1}})
+    status, reply = cgd.request("POST", "/v1/components/wide/scale", {"replicas": 2})
+    assert status == 409 and "being scaled in" in reply["error"]["message"], reply
+    assert time.monotonic() - began < 2.5
+    scaler.join(timeout=20)
+    assert scaled[0][0] == 200 and len(scaled[0][1]["replicas"]) == 1, scaled
+    assert sorted(state_file(cgd)["groups"]) == ["other-0", "wide-0"]
+
+
+def test_a_worker_that_cannot_start_leaves_its_reservation_held(cgd: Cgd) -> None:
+    assert cgd.request("POST", "/v1/reservations", {"name": "booked", "claim": {"gpus": 2}, "ttl_s": 600})[0] == 201
+    before = state_file(cgd)
+    # A directory where the worker's log file goes: its start fails.
+    (cgd.log_dir / "booked" / "0.out").mkdir(parents=True)
+    status, reply = cgd.request("POST", "/v1/components", {"name": "booked", "command": worker_cmd()})
+    assert status == 400 and "could not start the workers of 'booked'" in reply["error"]["message"], reply
+    after = state_file(cgd)
+    assert {k: after[k] for k in ("components", "groups", "reservations", "workers")} == \
+        {k: before[k] for k in ("components", "groups", "reservations", "workers")}
+    assert cgd.request("GET", "/v1/reservations")[1]["reservations"][0]["name"] == "booked"
+    (cgd.log_dir / "booked" / "0.out").rmdir()
+    allocate(cgd, {"name": "booked", "command": worker_cmd()})
+    assert state_file(cgd)["reservations"] == {}

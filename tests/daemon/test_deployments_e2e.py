@@ -207,3 +207,37 @@ def test_names_taken_outside_the_deployment_are_refused_and_its_components_are_i
     assert cgd.request("DELETE", "/v1/deployments/other")[0] == 200
     _, groups = cgd.request("GET", "/v1/groups")
     assert [g["owner"] for g in groups["groups"]] == ["rs-0-w"]
+
+
+def test_a_deployment_whose_workers_stop_slowly_does_not_stall_others(cgd: Cgd) -> None:
+    import threading
+
+    stubborn = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+                "while True: time.sleep(0.05)\n")
+    data = {"name": "slow", "claims": [{"name": "x", "memory": "1GiB"}],
+            "components": [{"name": "w", "command": [sys.executable, "-c", stubborn], "stop_timeout_s": 3,
+                            "sharing": [{"claim": "x", "scope": "per-replica"}]}]}
+    status, reply = cgd.request("POST", "/v1/deployments", {"spec": data, "source": "/srv/slow.toml"})
+    assert status == 200, reply
+    log = cgd.log_dir / "slow-0-w" / "0.out"
+    deadline = time.monotonic() + 10
+    while not (log.exists() and "ready" in log.read_text()):
+        assert time.monotonic() < deadline, cgd.log()
+        time.sleep(0.05)
+    deleted: list = []
+    began = time.monotonic()
+    deleter = threading.Thread(target=lambda: deleted.append(cgd.request("DELETE", "/v1/deployments/slow")))
+    deleter.start()
+    time.sleep(0.5)
+    status, reply = cgd.request("POST", "/v1/components", {"name": "other", "claim": {"gpus": 1}})
+    assert status == 201, reply
+    status, reply = cgd.request("POST", "/v1/deployments/slow/scale", {"target": None, "replicas": 2})
+    assert status == 409 and "is being changed" in reply["error"]["message"], reply
+    status, reply = cgd.request("POST", "/v1/components", {"name": "rider", "share_with": "slow-0-w"})
+    assert status == 409 and "being changed by deployment 'slow'" in reply["error"]["message"], reply
+    assert time.monotonic() - began < 2.5
+    deleter.join(timeout=20)
+    assert deleted[0][0] == 200 and deleted[0][1]["components"] == ["slow-0-w"], deleted
+    assert time.monotonic() - began >= 3
+    _, groups = cgd.request("GET", "/v1/groups")
+    assert [g["owner"] for g in groups["groups"]] == ["other"]
