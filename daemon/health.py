@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,8 +47,8 @@ def assess(
 ) -> dict[int, GpuFacts]:
     """Judge each GPU from one sample.
 
-    `worker_of_pid` maps every pid cgd owns (workers and their descendants)
-    to its replica ref; `shares` gives (ref, gpu) -> MiB the replica may use
+    `worker_of_pid` maps the GPU processes cgd owns (workers and their
+    descendants) to their replica refs; `shares` gives (ref, gpu) -> MiB the replica may use
     on that GPU when it holds a share rather than the whole device.
     """
     facts: dict[int, GpuFacts] = {}
@@ -82,16 +82,30 @@ def assess(
     return facts
 
 
-def owned_pids(roots: Mapping[int, str]) -> dict[int, str]:
-    """Workers and all their descendants: a CUDA process may be a worker's child."""
-    out = dict(roots)
-    for pid, ref in roots.items():
-        try:
-            for child in psutil.Process(pid).children(recursive=True):
-                out.setdefault(child.pid, ref)
-        except psutil.Error:
-            continue
+def owners_of(pids: Iterable[int], roots: Mapping[int, str]) -> dict[int, str]:
+    """The worker each of `pids` belongs to: itself, or an ancestor of it
+    (a CUDA process may be a worker's child).
+
+    Only the processes NVML reported are looked at, walking up their parents,
+    so a tick costs nothing per idle worker; the pids owned by no worker are
+    left out (foreign).
+    """
+    out: dict[int, str] = {}
+    for pid in pids:
+        current, hops = pid, 0
+        while current > 1 and current not in roots and hops < _MAX_DEPTH:
+            try:
+                current = psutil.Process(current).ppid()
+            except psutil.Error:
+                break
+            hops += 1
+        if current in roots:
+            out[pid] = roots[current]
     return out
+
+
+_MAX_DEPTH = 64
+"""Deeper process trees than this are not followed: a guard against a pid loop read mid-reuse."""
 
 
 class HealthMonitor:
@@ -131,7 +145,8 @@ class HealthMonitor:
         if self.telemetry is not None:
             samples = await asyncio.get_running_loop().run_in_executor(None, self.telemetry.sample)
         roots, shares = self.manager.worker_pids_and_shares()
-        self.facts = assess(samples, self.config, owned_pids(roots), shares)
+        on_gpus = {p.pid for s in samples for p in s.processes}
+        self.facts = assess(samples, self.config, owners_of(on_gpus, roots), shares)
         self.last_sample = self.manager.keeper.clock()
         await self.manager.apply_health(self.facts)
         await self.manager.expire()

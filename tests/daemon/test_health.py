@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 from daemon.config import HealthConfig
-from daemon.health import assess
+from daemon.health import assess, owners_of
 from topology.telemetry import GpuProcess, GpuSample
 
 
@@ -48,3 +53,31 @@ def test_foreign_processes_and_shares() -> None:
 def test_whole_gpu_holders_have_no_share_limit() -> None:
     facts = assess((sample(0, processes=(GpuProcess(100, 80000),)),), HealthConfig(), {100: "a/0"}, {})
     assert facts[0].over_share == [] and facts[0].foreign == []
+
+
+def test_a_workers_descendants_are_its_own_and_nothing_else_is() -> None:
+    """Real processes: a worker whose child forks the process that uses the GPU."""
+    tree = ("import subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    worker = subprocess.Popen([sys.executable, "-c", tree], stdout=subprocess.PIPE, text=True)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        grandchild = int(worker.stdout.readline())
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        found = owners_of([worker.pid, grandchild, stranger.pid, os.getpid(), gone.pid], {worker.pid: "w/0"})
+        assert found == {worker.pid: "w/0", grandchild: "w/0"}
+    finally:
+        for p in (worker, stranger):
+            p.kill()
+            p.wait()
+        worker.stdout.close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(grandchild, 9)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
