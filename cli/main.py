@@ -18,7 +18,7 @@ from cli.deploy import apply, delete, get
 from cli.drain import drain
 from cli.env import env
 from cli.logs import logs
-from cli.release import release, scale
+from cli.release import release, restart, scale
 from cli.run import run
 from cli.service import install_service
 from cli.status import list_components, status
@@ -40,7 +40,7 @@ def cli(ctx: click.Context, socket: str | None, simulate: str | None, json_outpu
 
 
 cli.add_command(topo)
-for command in (allocate, release, scale, list_components, status, env, run, drain, reserve, logs,
+for command in (allocate, release, scale, restart, list_components, status, env, run, drain, reserve, logs,
                 install_service, apply, delete, get):
     cli.add_command(command)
 

@@ -1,4 +1,4 @@
-"""`cgctl release` and `cgctl scale`: give capacity back, or change how much."""
+"""`cgctl release`, `cgctl scale` and `cgctl restart`: give capacity back, change how much, start again."""
 
 from __future__ import annotations
 
@@ -87,3 +87,19 @@ def scale(name: str, replicas: int) -> None:
         emit_json(component_json(component))
     else:
         emit_lines(component_text(component, "scaled"))
+
+
+@click.command()
+@click.argument("name", shell_complete=complete_components)
+@click.option("--replica", type=click.IntRange(min=0), default=None,
+              help="Restart only this replica (default: all of them).")
+def restart(name: str, replica: int | None) -> None:
+    """Stop and start NAME's workers on the same groups: the way back for a
+    replica that used up its restarts. A shadow is not promoted."""
+    cgd = client()
+    with talking():
+        component = cgd.restart_component(name, replica)
+    if json_wanted():
+        emit_json(component_json(component))
+    else:
+        emit_lines(component_text(component, "restarted"))

@@ -88,7 +88,14 @@ class Manager:
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A failed exit or start handler is logged now, not when the task is collected (or never)."""
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("handling a worker event failed: %s", exc, exc_info=(type(exc), exc, exc.__traceback__))
 
     async def _record_start(self, event: WorkerStart) -> None:
         component, replica = parse_watcher_key(event.key)
@@ -182,6 +189,11 @@ class Manager:
             for ref, ev in started.items():
                 if ref in doc.workers:
                     doc.workers[ref] = replace(doc.workers[ref], pid=ev.pid, create_time=ev.create_time)
+            for name in {doc.workers[ref].component for ref in started if ref in doc.workers}:
+                comp = doc.components.get(name)
+                if comp is not None and comp.state == "failed" and all(
+                        w.pid for w in doc.workers.values() if w.component == name):
+                    doc.components[name] = replace(comp, state="running")
 
     async def stop_workers(self, refs: list[str]) -> None:
         """Stop workers all at once: each may take its whole grace period."""
@@ -354,6 +366,37 @@ class Manager:
                 return self.component(name)
         finally:
             self.clear_busy(list(members))
+
+    async def restart(self, caller: Caller, name: str, replica: int | None) -> dict[str, Any]:
+        """Stop and start a component's workers (one replica, or all) with the same groups and role.
+
+        The way back for a replica that used up its restarts (`failed`), or
+        for a worker that should reread its files. Its shadow is not promoted:
+        this is not a death.
+        """
+        async with self.keeper.lock:
+            comp = component_or_404(self.doc, name)
+            check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if not comp.spec.get("command"):
+                raise BadRequest(f"{name!r} runs no command: there is nothing to restart")
+            if comp.state == "lost":
+                raise Conflict(f"component {name!r} is lost: its GPUs are gone; release it")
+            if replica is not None and not 0 <= replica < comp.replicas:
+                raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
+            self.mark_busy([name], "being restarted")
+            indices = range(comp.replicas) if replica is None else [replica]
+            refs = [r for r in (replica_ref(name, i) for i in indices) if r in self.doc.workers]
+        try:
+            await self.stop_workers(refs)
+            async with self.keeper.lock:
+                with self.keeper.transaction() as doc:
+                    for ref in refs:
+                        doc.workers[ref] = replace(doc.workers[ref], pid=None, create_time=None)
+                await self.start_workers(refs)
+                log.info("restarted %s at the request of uid %d", ", ".join(refs), caller.uid)
+                return self.component(name)
+        finally:
+            self.clear_busy([name])
 
     async def reserve(self, caller: Caller, request: ReservationRequest) -> dict[str, Any]:
         async with self.keeper.lock:

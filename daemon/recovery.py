@@ -18,8 +18,8 @@ import psutil
 
 from daemon.manager import Manager
 from daemon.transactions import remove_component
-from daemon.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key
-from statefiles.schema import MachineFingerprint
+from daemon.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
+from statefiles.schema import MachineFingerprint, WorkerRecord
 from statefiles.store import mark_lost
 
 log = logging.getLogger("cgd.recovery")
@@ -99,6 +99,9 @@ async def recover(manager: Manager) -> RecoveryReport:
             else:
                 to_start.append(ref)
 
+        for ref in adopted:
+            _finish_promotion(manager, keeper.doc.workers[ref])
+
         kept = {p for ref in adopted for p in _family(keeper.doc.workers[ref].pid)}
         strays = []
         for pid, start, ref in instance_processes(manager.paths.instance):
@@ -112,6 +115,27 @@ async def recover(manager: Manager) -> RecoveryReport:
     for ref in adopted:
         log.info("adopted %s (pid %s) from the previous run", ref, keeper.doc.workers[ref].pid)
     return RecoveryReport(tuple(adopted), tuple(to_start), tuple(strays), tuple(lost))
+
+
+def _finish_promotion(manager: Manager, worker: WorkerRecord) -> None:
+    """Make an adopted worker's role file say what the state says.
+
+    A promotion is committed before the role file is written and the signal
+    sent; a cgd killed in between leaves a primary whose file still says
+    shadow and which was never told.
+    """
+    path = manager.paths.role_file(worker.component, worker.replica)
+    try:
+        on_disk = path.read_text().strip()
+    except OSError:
+        on_disk = None
+    if on_disk == worker.role:
+        return
+    comp = manager.keeper.doc.components[worker.component]
+    write_role(manager.paths, worker.component, worker.replica, worker.role, comp.owner_uid, comp.owner_gid)
+    if worker.role == "primary":
+        manager.supervisor.signal(watcher_key(worker.component, worker.replica), manager.config.promotion_signal)
+        log.warning("finished promoting %s, cut short by the previous run", worker.key)
 
 
 def _family(pid: int | None) -> set[int]:

@@ -163,6 +163,14 @@ def parse_scale(body: Any) -> int:
     return _int(data, "replicas", 1, 0, MAX_REPLICAS)
 
 
+def parse_restart(body: Any) -> int | None:
+    """The replica to restart, or None for all of them."""
+    data = _object(body, "body", {"replica"})
+    if data.get("replica") is None:
+        return None
+    return _int(data, "replica", 0, 0, MAX_REPLICAS - 1)
+
+
 def parse_group(body: Any) -> Claim:
     data = _object(body, "body", {"claim"})
     claim = _claim(data.get("claim"))

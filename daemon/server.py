@@ -25,7 +25,15 @@ import tornado.web
 from daemon import __version__
 from daemon.errors import BadRequest, ManagerError, Unavailable
 from daemon.manager import Caller, Manager
-from daemon.requests import RequestError, check_name, parse_component, parse_group, parse_reservation, parse_scale
+from daemon.requests import (
+    RequestError,
+    check_name,
+    parse_component,
+    parse_group,
+    parse_reservation,
+    parse_restart,
+    parse_scale,
+)
 from daemon.worklogs import log_paths, read_log
 from statefiles.errors import StateLockedError
 
@@ -235,6 +243,11 @@ class ScaleHandler(ApiHandler):
         await self.run(lambda: self.app.manager.scale(self.caller, check_name(name), parse_scale(self.body())))
 
 
+class RestartHandler(ApiHandler):
+    async def post(self, name: str) -> None:
+        await self.run(lambda: self.app.manager.restart(self.caller, check_name(name), parse_restart(self.body())))
+
+
 class EnvHandler(ApiHandler):
     async def get(self, name: str) -> None:
         def env() -> dict[str, Any]:
@@ -367,6 +380,7 @@ class CgdApp:
             (r"/v1/components", ComponentsHandler, kw),
             (rf"/v1/components/{name}", ComponentHandler, kw),
             (rf"/v1/components/{name}/scale", ScaleHandler, kw),
+            (rf"/v1/components/{name}/restart", RestartHandler, kw),
             (rf"/v1/components/{name}/env", EnvHandler, kw),
             (rf"/v1/components/{name}/logs", LogsHandler, kw),
             (r"/v1/groups", GroupsHandler, kw),

@@ -67,6 +67,10 @@ class Endpoints(ABC, Generic[R]):
     def scale_component(self, name: str, replicas: int) -> R:
         return self.send(Request("POST", f"/v1/components/{_seg(name)}/scale", {"replicas": replicas}))
 
+    def restart_component(self, name: str, replica: int | None = None) -> R:
+        body = {} if replica is None else {"replica": replica}
+        return self.send(Request("POST", f"/v1/components/{_seg(name)}/restart", body))
+
     def component_env(self, name: str, replica: int | None = None) -> R:
         return self.send(Request("GET", _with_query(f"/v1/components/{_seg(name)}/env", replica=replica)))
 

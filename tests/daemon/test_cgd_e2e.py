@@ -378,3 +378,60 @@ def test_a_worker_that_cannot_start_leaves_its_reservation_held(cgd: Cgd) -> Non
     (cgd.log_dir / "booked" / "0.out").rmdir()
     allocate(cgd, {"name": "booked", "command": worker_cmd()})
     assert state_file(cgd)["reservations"] == {}
+
+
+def test_a_failed_replica_comes_back_with_restart(cgd: Cgd, tmp_path: Path) -> None:
+    marker = tmp_path / "crashed-once"
+    flaky = f"test -f {marker} || {{ touch {marker}; exit 3; }}; echo serving; exec sleep 60"
+    allocate(cgd, {"name": "flaky", "claim": {"gpus": 1}, "command": ["/bin/sh", "-c", flaky],
+                   "restart": {"max_retries": 0}})
+    allocate(cgd, {"name": "holder", "claim": {"gpus": 1}})
+    failed = wait_for(lambda: (c := cgd.request("GET", "/v1/components/flaky")[1])["state"] == "failed" and c)
+    assert failed["replicas"][0]["state"] == "failed" and failed["replicas"][0]["pids"] == []
+    before = state_file(cgd)
+    for args, message in ((("restart", "flaky", "--replica", "1"), "'flaky' has replicas 0..0, not 1"),
+                          (("restart", "nosuch"), "no component named 'nosuch'"),
+                          (("restart", "holder"), "'holder' runs no command")):
+        done = cgd.cgctl(*args)
+        assert done.returncode != 0 and message in done.stderr and len(done.stderr.splitlines()) == 1, done
+    assert state_file(cgd)["components"] == before["components"]
+    done = cgd.cgctl("restart", "flaky")
+    assert done.returncode == 0 and done.stdout.startswith("restarted flaky: 1 replica (running)"), done
+    pid = wait_for(lambda: cgd.request("GET", "/v1/components/flaky")[1]["replicas"][0]["pids"])[0]
+    assert proc_env(pid)["CG_COMPONENT"] == "flaky"
+    assert state_file(cgd)["components"]["flaky"]["state"] == "running"
+    status, reply = cgd.request("POST", "/v1/components/flaky/restart", {"replica": "0"})
+    assert status == 400 and reply["error"]["message"] == "replica: expected an integer", reply
+    status, reply = cgd.request("POST", "/v1/components/flaky/restart", {"replica": 0})
+    assert status == 200 and reply["replicas"][0]["pids"] != [pid], reply
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_promotion_cut_short_by_a_crash_is_finished_on_restart(start_cgd) -> None:
+    """cgd killed after committing a promotion but before telling the shadow."""
+    from dataclasses import replace
+
+    from statefiles.store import StateStore
+
+    cgd = start_cgd("dgx-h100")
+    allocate(cgd, {"name": "web", "claim": {"gpus": 1}, "command": worker_cmd()})
+    allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
+    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
+    shadow = wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["pids"])[0]
+    shadow_log = cgd.log_dir / "web-standby" / "0.out"
+    wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
+    role_file = Path(proc_env(shadow)["CG_ROLE_FILE"])
+    cgd.kill9()
+    os.kill(primary, signal.SIGKILL)
+    with StateStore(cgd.state_dir).transaction() as doc:
+        doc.workers["web-standby/0"] = replace(doc.workers["web-standby/0"], role="primary", promotions=1)
+        doc.workers["web/0"] = replace(doc.workers["web/0"], role="shadow", pid=None, create_time=None)
+    assert role_file.read_text().strip() == "shadow"
+    cgd.start()
+    assert role_file.read_text().strip() == "primary"
+    wait_for(lambda: "promoted to primary" in shadow_log.read_text())
+    assert "finished promoting web-standby/0" in cgd.log()
+    reply = cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]
+    assert reply["role"] == "primary" and reply["pids"] == [shadow]
+    restarted = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
+    assert restarted != primary and proc_env(restarted)["CG_ROLE"] == "shadow"
