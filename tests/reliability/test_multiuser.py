@@ -6,9 +6,8 @@ group `computegroups`. The test creates a user (and the group when it is
 missing), removes both afterwards, and is skipped when it is not root or
 `useradd` is missing. The second user talks to cgd from a forked child that
 has dropped to that user's ids: SO_PEERCRED, which cgd trusts, sees exactly
-what it would see from that user's own shell. `cgctl` itself runs as that
-user only where this Python is reachable by it (it is not under a 0700
-/root), in the last test.
+what it would see from that user's own shell. In the last test `cgctl`
+itself runs as that user (see `cgctl_for` for a Python under a 0700 /root).
 """
 
 from __future__ import annotations
@@ -198,21 +197,59 @@ def test_second_users_workers_run_as_themselves(shared_cgd: Cgd, second_user: Us
     assert status == 200 and reply["released"] == ["theirs"], reply
 
 
+def cgctl_for(user: User, scratch: Path) -> list[str]:
+    """A cgctl command line `user` can run.
+
+    The installed one, where this Python is reachable by the user. Otherwise
+    (a Python under a 0700 /root) a copy: cgctl needs only click and this
+    project's own pure-Python packages, put in a world-readable directory
+    and run by a system Python of the same version.
+    """
+    def runs(argv: list[str], env: dict[str, str] | None = None) -> bool:
+        try:
+            subprocess.run(argv, user=user.uid, group=user.gid, extra_groups=list(user.groups), env=env,
+                           capture_output=True, timeout=30, check=True, cwd="/tmp")
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return True
+
+    if runs([sys.executable, "-c", "import click"]):
+        return [_executable("cgctl")]
+    import click
+
+    root = Path(__file__).parents[2]
+    tree = scratch / "cgctl"
+    for package in ("cli", "daemon", "topology", "statefiles"):
+        shutil.copytree(root / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(click.__file__).parent, tree / "click", ignore=shutil.ignore_patterns("__pycache__"))
+    for path in (scratch, *tree.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for python in (shutil.which(version, path="/usr/local/bin:/usr/bin"), shutil.which("python3", path="/usr/bin")):
+        argv = [python or "", "-c", f"import sys; sys.path.insert(0, {str(tree)!r}); "
+                "sys.argv[0] = 'cgctl'; from cli.main import main; main()"]
+        if python and runs([*argv, "--help"], env={"PATH": "/usr/bin:/bin"}):
+            return argv
+    pytest.skip(f"neither {sys.executable} nor a system {version} can be run by {USER}")
+
+
 def test_cgctl_as_second_user(shared_cgd: Cgd, second_user: User) -> None:
-    """The command line's own refusal, where this Python can be run by another user."""
+    """The command line's own refusal, run as the second user."""
+    scratch = Path(tempfile.mkdtemp(prefix="cgctl-", dir="/tmp"))
     try:
-        subprocess.run([sys.executable, "-c", "pass"], user=second_user.uid, group=second_user.gid,
-                       extra_groups=list(second_user.groups), capture_output=True, timeout=30, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip(f"{sys.executable} cannot be run by {USER} (a 0700 home above it?)")
-    cgd = shared_cgd
+        _cgctl_as_second_user(shared_cgd, second_user, cgctl_for(second_user, scratch))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _cgctl_as_second_user(cgd: Cgd, second_user: User, cgctl: list[str]) -> None:
     assert cgd.request("POST", "/v1/components", {"name": "roots", "claim": {"gpus": 1}})[0] == 201
     env = {**cgd.env(), "HOME": f"/home/{USER}"}
-    done = subprocess.run([_executable("cgctl"), "release", "roots"], user=second_user.uid, group=second_user.gid,
+    done = subprocess.run([*cgctl, "release", "roots"], user=second_user.uid, group=second_user.gid,
                           extra_groups=list(second_user.groups), env=env, capture_output=True, text=True,
                           timeout=30, cwd="/tmp", check=False)
     assert done.returncode == 1 and "cgctl: error:" in done.stderr and "only its owner" in done.stderr, done
-    done = subprocess.run([_executable("cgctl"), "allocate", "mine", "--memory", "1GiB", "--", *SLEEP],
+    done = subprocess.run([*cgctl, "allocate", "mine", "--memory", "1GiB", "--", *SLEEP],
                           user=second_user.uid, group=second_user.gid, extra_groups=list(second_user.groups),
                           env=env, capture_output=True, text=True, timeout=30, cwd="/tmp", check=False)
     assert done.returncode == 0, done
