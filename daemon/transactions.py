@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields, replace
 from daemon.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement, PlacementError
 from daemon.claims import Claim
 from daemon.config import DaemonConfig
+from daemon.deployment_plan import expand
+from daemon.deployment_spec import DeploymentSpec
 from daemon.errors import BadRequest, Conflict, Forbidden, InsufficientCapacity, NotFound, Unsatisfiable
 from daemon.requests import ComponentRequest, ReservationRequest
 from daemon.workers import replica_groups, replica_ref
@@ -227,6 +229,9 @@ def new_component_records(
     name = request.name
     if name in doc.components:
         raise Conflict(f"component {name!r} exists: release it first or pick another name")
+    owner = deployment_using(doc, name)
+    if owner is not None:
+        raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")
     replicas = request.replicas
     refs_by_replica = {i: replica_ref(name, i) for i in range(replicas)}
     reservation = doc.reservations.get(name)
@@ -305,6 +310,14 @@ def new_component_records(
     return comp
 
 
+def deployment_using(doc: StateDoc, name: str) -> str | None:
+    """The deployment whose plan names `name` (a set, scaling group or component path), if any."""
+    for record in doc.deployments.values():
+        if name in expand(DeploymentSpec.from_dict(record.spec)).owners:
+            return record.name
+    return None
+
+
 def drop_displaced(doc: StateDoc, keeper: StateKeeper, placements: tuple[Placement, ...]) -> None:
     """Reservations a higher priority claim took over lose all their groups."""
     displaced = {gid for p in placements for gid in p.displaced}
@@ -326,6 +339,9 @@ def new_reservation(doc: StateDoc, keeper: StateKeeper, request: ReservationRequ
         raise Conflict(f"reservation {name!r} exists: release it first or pick another name")
     if name in doc.components:
         raise Conflict(f"component {name!r} exists already: a reservation is taken by allocating its name")
+    owner = deployment_using(doc, name)
+    if owner is not None:
+        raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")
     ids = group_ids_for(name, request.scope, range(request.replicas))
     placements = keeper.place(request.claim, ids, name, reserved=True)
     drop_displaced(doc, keeper, placements)

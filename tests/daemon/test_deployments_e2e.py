@@ -241,3 +241,21 @@ def test_a_deployment_whose_workers_stop_slowly_does_not_stall_others(cgd: Cgd) 
     assert time.monotonic() - began >= 3
     _, groups = cgd.request("GET", "/v1/groups")
     assert [g["owner"] for g in groups["groups"]] == ["other"]
+
+
+def test_a_component_or_reservation_cannot_take_a_path_of_a_deployment(cgd: Cgd) -> None:
+    data = {"name": "rs", "claims": [{"name": "x", "memory": "1GiB"}],
+            "components": [{"name": "w", "sharing": [{"claim": "x", "scope": "per-replica"}]}],
+            "scaling_groups": [{"name": "sg", "components": ["w"]}]}
+    status, reply = cgd.request("POST", "/v1/deployments", {"spec": data, "source": "/srv/rs.toml"})
+    assert status == 200, reply
+    state = (cgd.state_dir / "state.json").read_text()
+    for path in ("rs", "rs-0-sg"):
+        status, reply = cgd.request("POST", "/v1/components", {"name": path, "claim": {"gpus": 1}})
+        assert status == 409 and reply["error"]["message"] == (
+            f"{path!r} is a path of deployment 'rs', whose groups it names: pick another name"), reply
+        status, reply = cgd.request("POST", "/v1/reservations", {"name": path, "claim": {"gpus": 1}, "ttl_s": 60})
+        assert status == 409 and "is a path of deployment 'rs'" in reply["error"]["message"], reply
+    assert (cgd.state_dir / "state.json").read_text() == state
+    # A set replica owns no group here (no set-level sharing): the name stays free.
+    assert cgd.request("POST", "/v1/components", {"name": "rs-0", "claim": {"gpus": 1}})[0] == 201
