@@ -14,7 +14,8 @@ promises:
 3. under the lock again, plan again (anything changed meanwhile: restart what
    was stopped and refuse), decide for real and commit: stale groups and
    records go, new groups are placed, users attached, records written;
-4. start the new and restarted workers.
+4. start the new and restarted workers; if one cannot start, the document of
+   before the commit is committed again and the stopped workers restart.
 
 The deployment's groups are the ones its stored plan names (same id, same
 owner), so nothing another component or deployment holds is ever touched.
@@ -204,24 +205,26 @@ class Deployments:
                              | {n for n, c in self.keeper.doc.components.items() if c.deployment == name})
             self.manager.check_idle(*members)
             if not diff.stop:
+                before = self.keeper.doc
                 self._commit(diff)
-                await self.manager.start_workers(diff.start)
+                await self.manager.start_or_undo(diff.start, before, f"the workers of deployment {name!r}")
                 return diff.changes()
             self.manager.mark_busy(members, f"being changed by deployment {name!r}")
             self._busy.add(name)
         try:
             await self.manager.stop_workers(diff.stop)
             async with self.keeper.lock:
+                before = self.keeper.doc
                 try:
                     again = self._plan(name, change)
                     if (again.changes(), again.foreign_users) != (diff.changes(), diff.foreign_users):
                         raise Conflict(f"deployment {name!r}: its groups changed while its workers stopped; "
                                        "nothing was changed, apply again")
                     self._commit(diff)
+                    await self.manager.start_or_undo(diff.start, before, f"the workers of deployment {name!r}")
                 except BaseException:
                     await self.manager.start_workers([r for r in diff.stop if r in self.keeper.doc.workers])
                     raise
-                await self.manager.start_workers(diff.start)
                 return diff.changes()
         finally:
             self._busy.discard(name)

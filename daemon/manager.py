@@ -144,8 +144,11 @@ class Manager:
         for name in partners:
             ref = replica_ref(name, replica)
             w = doc.workers.get(ref)
+            key = watcher_key(name, replica)
+            if name in self._busy or key in self._stopping or doc.components[name].state == "releasing":
+                continue  # a shadow on its way out would leave the primary's replica with no primary
             if (w and w.role == "shadow" and w.pid and w.create_time
-                    and self.supervisor.is_running(watcher_key(name, replica))
+                    and self.supervisor.is_running(key)
                     and time.time() - w.create_time >= PROMOTION_MIN_UPTIME_S):
                 return ref
         return None
@@ -214,7 +217,10 @@ class Manager:
             self.replica_states.pop(ref, None)
 
         try:
-            await asyncio.gather(*(stop(ref, key, w) for ref, key, w in keys))
+            results = await asyncio.gather(*(stop(ref, key, w) for ref, key, w in keys), return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                raise failures[0]
         finally:
             for _, key, _ in keys:
                 self._stopping.discard(key)
@@ -230,17 +236,18 @@ class Manager:
             except ValueError as exc:
                 raise BadRequest(f"cannot run workers for the caller: {exc}") from None
         async with self.keeper.lock:
-            self.check_idle(request.name, request.shadow_of, request.share_with)
+            self.check_idle(request.name)
+            self.check_groups_idle(request.shadow_of or request.share_with)
             before = self.doc
             with self.keeper.transaction() as doc:
                 comp = new_component_records(doc, self.keeper, request, caller)
                 if request.lease:
                     doc.components[comp.name] = replace(comp, lease_start=_start_time(caller.pid))
             refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
-            await self._start_or_undo(refs, before, f"the workers of {request.name!r}")
+            await self.start_or_undo(refs, before, f"the workers of {request.name!r}")
             return self.component(request.name)
 
-    async def _start_or_undo(self, refs: list[str], before: StateDoc, what: str) -> None:
+    async def start_or_undo(self, refs: list[str], before: StateDoc, what: str) -> None:
         """Start the workers a change just committed, or put the state back as it was before it.
 
         Putting back the earlier document (not releasing what was added)
@@ -264,15 +271,34 @@ class Manager:
         for name in names:
             self._busy[name] = why
 
+    def busy_components(self) -> dict[str, str]:
+        return dict(self._busy)
+
     def clear_busy(self, names: list[str]) -> None:
         for name in names:
             self._busy.pop(name, None)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait for the operations stopping workers outside the lock to commit; False if some are left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._busy and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return not self._busy
 
     def check_idle(self, *names: str | None) -> None:
         """Refuse a change to a component another operation is still stopping workers of."""
         for name in names:
             if name is not None and name in self._busy:
                 raise Conflict(f"component {name!r} is {self._busy[name]}: try again once that is done")
+
+    def check_groups_idle(self, name: str | None) -> None:
+        """Refuse to attach to `name`'s groups while the component owning one of them is busy:
+        a scale-in meanwhile would pull that group from under the new user."""
+        if name is None:
+            return
+        owners = {g.owner for g in self.doc.groups.values() if any(u.split("/")[0] == name for u in g.users)}
+        self.check_idle(name, *sorted(owners))
 
     async def release(self, caller: Caller, name: str) -> dict[str, Any]:
         async with self.keeper.lock:
@@ -346,13 +372,14 @@ class Manager:
             shadows, _ = dependents(self.doc, name)
             members = (name, *shadows)
             self.check_idle(*members)
+            self.check_groups_idle(comp.spec.get("share_with"))
             old = comp.replicas
             if replicas >= old:
                 before = self.doc
                 with self.keeper.transaction() as doc:
                     scale_component(doc, self.keeper, doc.components[name], replicas)
                 fresh = [replica_ref(n, i) for n in members for i in range(old, replicas)]
-                await self._start_or_undo([r for r in fresh if r in self.doc.workers], before,
+                await self.start_or_undo([r for r in fresh if r in self.doc.workers], before,
                                           f"the new replicas of {name!r}")
                 return self.component(name)
             check_scale_in(self.doc, comp, replicas)
@@ -361,8 +388,12 @@ class Manager:
         try:
             await self.stop_workers(gone)
             async with self.keeper.lock:
-                with self.keeper.transaction() as doc:
-                    scale_component(doc, self.keeper, doc.components[name], replicas)
+                try:
+                    with self.keeper.transaction() as doc:
+                        scale_component(doc, self.keeper, doc.components[name], replicas)
+                except BaseException:
+                    await self.start_workers([r for r in gone if r in self.doc.workers])
+                    raise
                 return self.component(name)
         finally:
             self.clear_busy(list(members))
@@ -392,11 +423,26 @@ class Manager:
                 with self.keeper.transaction() as doc:
                     for ref in refs:
                         doc.workers[ref] = replace(doc.workers[ref], pid=None, create_time=None)
-                await self.start_workers(refs)
+                try:
+                    await self.start_workers(refs)
+                except Exception as exc:
+                    self._mark_failed(name, refs)
+                    raise BadRequest(f"could not start the workers of {name!r} again: {exc}") from None
                 log.info("restarted %s at the request of uid %d", ", ".join(refs), caller.uid)
                 return self.component(name)
         finally:
             self.clear_busy([name])
+
+    def _mark_failed(self, name: str, refs: list[str]) -> None:
+        """After a start that failed part-way: what did not start is failed, and so is the component."""
+        for ref in refs:
+            w = self.doc.workers[ref]
+            if self.supervisor.is_running(watcher_key(w.component, w.replica)):
+                continue
+            self.replica_states[ref] = "failed"
+        with self.keeper.transaction() as doc:
+            if name in doc.components:
+                doc.components[name] = replace(doc.components[name], state="failed")
 
     async def reserve(self, caller: Caller, request: ReservationRequest) -> dict[str, Any]:
         async with self.keeper.lock:
@@ -546,14 +592,15 @@ class Manager:
                     for name in expired:
                         release_reservation(doc, self.keeper, name)
                 log.info("reservations expired: %s", ", ".join(expired))
-            dead = [c.name for c in self.doc.components.values()
+            dead = [c for c in self.doc.components.values()
                     if c.lease_pid and c.state != "releasing" and c.name not in self._busy
                     and not _alive(c.lease_pid, c.lease_start)]
-        for name in dead:
+        for record in dead:
+            name = record.name
             try:
                 async with self.keeper.lock:
-                    if name not in self.doc.components:
-                        continue
+                    if self.doc.components.get(name) != record or name in self._busy:
+                        continue  # released, or another component of that name, since the list was made
                     closure, refs = self._begin_release([name])
                 await self._finish_release(closure, refs)
                 log.warning("released %s: the client that held its lease is gone", name)

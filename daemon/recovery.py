@@ -122,7 +122,9 @@ def _finish_promotion(manager: Manager, worker: WorkerRecord) -> None:
 
     A promotion is committed before the role file is written and the signal
     sent; a cgd killed in between leaves a primary whose file still says
-    shadow and which was never told.
+    shadow and which was never told. A missing file (the runtime directory
+    moved with `--socket`) is only written: a worker that never was a shadow
+    may have no handler for the promotion signal, whose default ends it.
     """
     path = manager.paths.role_file(worker.component, worker.replica)
     try:
@@ -133,7 +135,7 @@ def _finish_promotion(manager: Manager, worker: WorkerRecord) -> None:
         return
     comp = manager.keeper.doc.components[worker.component]
     write_role(manager.paths, worker.component, worker.replica, worker.role, comp.owner_uid, comp.owner_gid)
-    if worker.role == "primary":
+    if worker.role == "primary" and on_disk == "shadow":
         manager.supervisor.signal(watcher_key(worker.component, worker.replica), manager.config.promotion_signal)
         log.warning("finished promoting %s, cut short by the previous run", worker.key)
 
@@ -147,8 +149,16 @@ def _family(pid: int | None) -> set[int]:
         return {pid}
 
 
+SHUTDOWN_WAIT_S = 30.0
+"""How long a stopping cgd lets releases, scale-ins and restarts in progress commit
+(well inside the units' TimeoutStopSec=90); one cut short is finished or undone at the next start."""
+
+
 async def shutdown(manager: Manager, keep_workers: bool) -> None:
     """Stop every worker gracefully, or leave them all for the next cgd."""
+    if not await manager.wait_idle(SHUTDOWN_WAIT_S):
+        log.warning("stopping before operations in progress finished: %s", ", ".join(
+            f"{name} {why}" for name, why in sorted(manager.busy_components().items())))
     async with manager.keeper.lock:
         keys = [watcher_key(w.component, w.replica) for w in manager.keeper.doc.workers.values()]
         manager._stopping.update(keys)

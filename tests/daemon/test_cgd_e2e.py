@@ -435,3 +435,79 @@ def test_a_promotion_cut_short_by_a_crash_is_finished_on_restart(start_cgd) -> N
     assert reply["role"] == "primary" and reply["pids"] == [shadow]
     restarted = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
     assert restarted != primary and proc_env(restarted)["CG_ROLE"] == "shadow"
+
+
+def test_a_shadow_on_its_way_out_is_not_promoted(cgd: Cgd) -> None:
+    import threading
+
+    allocate(cgd, {"name": "web", "claim": {"gpus": 1}, "command": worker_cmd()})
+    allocate(cgd, {"name": "stby", "shadow_of": "web", "command": [sys.executable, "-c", STUBBORN],
+                   "stop_timeout_s": 3})
+    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
+    wait_ready(cgd, "stby")
+    shadow = cgd.request("GET", "/v1/components/stby")[1]["replicas"][0]["pids"][0]
+    wait_for(lambda: time.time() - psutil.Process(shadow).create_time() >= 1.1)
+    releaser = threading.Thread(target=lambda: cgd.request("DELETE", "/v1/components/stby"))
+    releaser.start()
+    wait_for(lambda: state_file(cgd)["components"].get("stby", {}).get("state") == "releasing")
+    os.kill(primary, signal.SIGKILL)
+    releaser.join(timeout=20)
+    restarted = wait_for(lambda: [p for p in cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"]
+                                  if p != primary])[0]
+    assert proc_env(restarted)["CG_ROLE"] == "primary"
+    assert state_file(cgd)["workers"]["web/0"]["role"] == "primary"
+    assert "stby" not in state_file(cgd)["components"]
+
+
+def test_a_sharer_cannot_grow_onto_groups_being_scaled_in(cgd: Cgd) -> None:
+    import threading
+
+    allocate(cgd, {"name": "pp", "claim": {"gpus": 1}, "replicas": 2,
+                   "command": [sys.executable, "-c", STUBBORN], "stop_timeout_s": 3})
+    allocate(cgd, {"name": "xx", "share_with": "pp"})
+    wait_ready(cgd, "pp", 0)
+    wait_ready(cgd, "pp", 1)
+    scaled: list[tuple[int, Any]] = []
+    scaler = threading.Thread(target=lambda: scaled.append(
+        cgd.request("POST", "/v1/components/pp/scale", {"replicas": 1})))
+    scaler.start()
+    time.sleep(0.5)
+    for method, path, body in (("POST", "/v1/components/xx/scale", {"replicas": 2}),
+                               ("POST", "/v1/components", {"name": "yy", "share_with": "xx"})):
+        status, reply = cgd.request(method, path, body)
+        assert status == 409 and "'pp' is being scaled in" in reply["error"]["message"], (path, reply)
+    scaler.join(timeout=20)
+    assert scaled[0][0] == 200 and len(scaled[0][1]["replicas"]) == 1, scaled
+    assert sorted(state_file(cgd)["groups"]) == ["pp-0"]
+
+
+def test_an_expired_lease_does_not_release_a_new_component_of_its_name(start_cgd, tmp_path: Path) -> None:
+    config = tmp_path / "cgd.toml"
+    config.write_text("[health]\ninterval_s = 0.2\n")
+    cgd = start_cgd("dgx-h100", "--config", str(config))
+    bodies = [{"name": "aaa", "claim": {"gpus": 1}, "lease": True, "command": [sys.executable, "-c", STUBBORN],
+               "stop_timeout_s": 3},
+              {"name": "bbb", "claim": {"gpus": 1}, "lease": True}]
+    client = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, json; sys.path.insert(0, %r)\n"
+         "from tests.daemon_fixture import UnixHTTPConnection\n"
+         "for body in %r:\n"
+         "    c = UnixHTTPConnection(%r)\n"
+         "    c.request('POST', '/v1/components', body=json.dumps(body), headers={'Content-Type': 'application/json'})\n"
+         "    print(c.getresponse().status, flush=True)\n"
+         "import time; time.sleep(60)\n" % (str(Path(__file__).parents[2]), bodies, str(cgd.socket))],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert [client.stdout.readline().strip() for _ in bodies] == ["201", "201"]
+    wait_ready(cgd, "aaa")
+    client.kill()
+    client.wait()
+    client.stdout.close()
+    wait_for(lambda: state_file(cgd)["components"].get("aaa", {}).get("state") == "releasing")
+    assert cgd.request("DELETE", "/v1/components/bbb")[0] == 200
+    allocate(cgd, {"name": "bbb", "claim": {"gpus": 1}})
+    wait_for(lambda: "released aaa" in cgd.log(), timeout=15)
+    time.sleep(0.6)
+    assert cgd.request("GET", "/v1/components/bbb")[0] == 200, cgd.log()
+    assert "released bbb" not in cgd.log(), cgd.log()

@@ -259,3 +259,24 @@ def test_a_component_or_reservation_cannot_take_a_path_of_a_deployment(cgd: Cgd)
     assert (cgd.state_dir / "state.json").read_text() == state
     # A set replica owns no group here (no set-level sharing): the name stays free.
     assert cgd.request("POST", "/v1/components", {"name": "rs-0", "claim": {"gpus": 1}})[0] == 201
+
+
+def test_a_worker_that_cannot_start_undoes_the_whole_change(cgd: Cgd) -> None:
+    data = {"name": "dd", "claims": [{"name": "x", "memory": "1GiB"}],
+            "components": [{"name": "w", "command": [sys.executable, "-c", SLEEPER], "replicas": 1,
+                            "sharing": [{"claim": "x", "scope": "per-replica"}]}]}
+    blocked = cgd.log_dir / "dd-0-w" / "1.out"
+    blocked.mkdir(parents=True)  # a directory where replica 1's log file goes: it cannot start
+    status, reply = cgd.request("POST", "/v1/deployments", {"spec": data, "source": "/srv/dd.toml"})
+    assert status == 200, reply
+    state = json.loads((cgd.state_dir / "state.json").read_text())
+    status, reply = cgd.request("POST", "/v1/deployments/dd/scale", {"target": "w", "replicas": 2})
+    assert status == 400 and "could not start the workers of deployment 'dd'" in reply["error"]["message"], reply
+    after = json.loads((cgd.state_dir / "state.json").read_text())
+    for key in ("components", "groups", "deployments"):
+        assert after[key] == state[key], key
+    assert list(after["workers"]) == ["dd-0-w/0"]
+    assert live([after["workers"]["dd-0-w/0"]["pid"]]), "replica 0 kept running"
+    blocked.rmdir()
+    status, reply = cgd.request("POST", "/v1/deployments/dd/scale", {"target": "w", "replicas": 2})
+    assert status == 200, reply
