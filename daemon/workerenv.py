@@ -136,6 +136,11 @@ def worker_env(
     >>> [env[k] for k in ("CUDA_VISIBLE_DEVICES", "CG_GPU_MEMORY_MIB",
     ...  "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")]
     ['GPU-dd', '40960', '0=40960M', '50']
+    >>> memory_only = VisibleDevice(2, "GPU-dd", None, 1024, 0, False)
+    >>> env = worker_env(owner=ada, devices=[memory_only], component="web", replica=0, role="primary",
+    ...                  groups=["web-0"], role_file="/run/r", mps=MpsSettings("/run/mps"))
+    >>> env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env
+    ('0=1024M', False)
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
@@ -167,7 +172,9 @@ def worker_env(
         env["CG_GPU_COMPUTE_PCT"] = ",".join(str(d.compute_pct) for d in merged)
         if mps is not None:
             env["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_directory
-            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(d.compute_pct for _, d in shares))
+            limited = [d.compute_pct for _, d in shares if d.compute_pct > 0]
+            if limited:  # a memory-only share (compute 0) leaves the SMs unlimited; MPS takes 1-100
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(min(limited))
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(
                 f"{ordinal}={d.memory_mib}M" for ordinal, d in shares
             )

@@ -41,6 +41,7 @@ _MIG_CALLS = frozenset({
     "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetAttributes",
     "nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlDeviceIsMigDeviceHandle",
     "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetMPSComputeRunningProcesses",
 })
 
 
@@ -388,17 +389,29 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
+        return self._process_infos(handle, self._faults.current().processes.get(gpu.index, ()))
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses_v3")
+        return self.nvmlDeviceGetComputeRunningProcesses(handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        gpu = self._gpu(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
+        return self._process_infos(handle, self._faults.current().mps_processes.get(gpu.index, ()))
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        self._enter("nvmlDeviceGetMPSComputeRunningProcesses_v3")
+        return self.nvmlDeviceGetMPSComputeRunningProcesses(handle)
+
+    @staticmethod
+    def _process_infos(handle: Any, entries: tuple[tuple[int, int], ...]) -> list[Any]:
         if handle.mig is not None:
             return []
         return [
             _nv.nvmlFriendlyObject({"pid": pid, "usedGpuMemory": mib * _MIB,
                                     "gpuInstanceId": _NO_INSTANCE, "computeInstanceId": _NO_INSTANCE})
-            for pid, mib in self._faults.current().processes.get(gpu.index, ())
+            for pid, mib in entries
         ]
-
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
-        self._enter("nvmlDeviceGetComputeRunningProcesses_v3")
-        return self.nvmlDeviceGetComputeRunningProcesses(handle)
 
     # -- events -----------------------------------------------------------
     def nvmlEventSetCreate(self) -> FakeEventSet:

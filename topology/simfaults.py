@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 FAULTS_ENV = "CG_SIM_FAULTS"
-_KEYS = {"xid", "lost", "processes", "temperature", "ecc_uncorrected",
+_KEYS = {"xid", "lost", "processes", "mps_processes", "temperature", "ecc_uncorrected",
          "remapped_rows_pending", "utilization"}
 
 
@@ -29,6 +29,8 @@ class Faults:
     xid: tuple[tuple[int, int], ...] = ()
     lost: frozenset[int] = frozenset()
     processes: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    mps_processes: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    """Clients of an MPS server: NVML lists them apart from the compute processes."""
     temperature: Mapping[int, int] = field(default_factory=dict)
     ecc_uncorrected: Mapping[int, int] = field(default_factory=dict)
     remapped_rows_pending: frozenset[int] = frozenset()
@@ -125,13 +127,17 @@ def parse_faults(data: Any, label: str) -> Faults:
     unknown = set(data) - _KEYS
     if unknown:
         raise fail(min(unknown), "unknown key; known: " + ", ".join(sorted(_KEYS)))
-    processes: dict[int, list[tuple[int, int]]] = {}
-    for gpu, pid, mib in entries("processes", ("gpu", "pid", "used_memory_mib")):
-        processes.setdefault(gpu, []).append((pid, mib))
+    def by_gpu(key: str) -> dict[int, tuple[tuple[int, int], ...]]:
+        found: dict[int, list[tuple[int, int]]] = {}
+        for gpu, pid, mib in entries(key, ("gpu", "pid", "used_memory_mib")):
+            found.setdefault(gpu, []).append((pid, mib))
+        return {gpu: tuple(p) for gpu, p in found.items()}
+
     return Faults(
         xid=tuple((gpu, code) for gpu, code in entries("xid", ("gpu", "code"))),
         lost=gpu_list("lost"),
-        processes={gpu: tuple(p) for gpu, p in processes.items()},
+        processes=by_gpu("processes"),
+        mps_processes=by_gpu("mps_processes"),
         temperature=per_gpu("temperature"),
         ecc_uncorrected=per_gpu("ecc_uncorrected"),
         remapped_rows_pending=gpu_list("remapped_rows_pending"),

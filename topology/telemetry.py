@@ -117,9 +117,23 @@ class Telemetry:
         )
 
     def _processes(self, handle: Any) -> list[Any]:
+        """The processes using the GPU, MPS clients included.
+
+        Under MPS, NVML lists the MPS server among the compute processes and
+        its clients apart; the clients (cgd's workers) are what a share is
+        checked against, and the server, whose memory is theirs, is left out.
+        """
+        compute = self._versioned(handle, "nvmlDeviceGetComputeRunningProcesses")
+        clients = self._versioned(handle, "nvmlDeviceGetMPSComputeRunningProcesses")
+        if not clients:
+            return compute
+        theirs = {p.pid for p in clients}
+        return [p for p in compute if p.pid not in theirs and not _is_mps_server(p.pid)] + clients
+
+    def _versioned(self, handle: Any, name: str) -> list[Any]:
         """Versioned calls only: pynvml's unversioned one raises a non-NVML error
         on drivers that lack `_v3`, where `_v2` still answers."""
-        for fn in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"):
+        for fn in (f"{name}_v3", f"{name}_v2"):
             found = self._gw.query(fn, handle)
             if found is not None:
                 return list(found)
@@ -172,3 +186,12 @@ class Telemetry:
                 with contextlib.suppress(NVMLError, NvmlUnavailable):
                     self._gw.call("nvmlEventSetFree", self._events)
                 self._events = None
+
+
+def _is_mps_server(pid: int) -> bool:
+    """`nvidia-cuda-mps-server` (its comm, cut to 15 characters, is `nvidia-cuda-mps`)."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip().startswith("nvidia-cuda-mps")
+    except OSError:
+        return False

@@ -141,3 +141,29 @@ def test_half_written_file_keeps_the_last_faults(telemetry: Telemetry, faults: F
     faults.path.write_text('{"lost": [')
     os.utime(faults.path, ns=(99 * 10**9, 99 * 10**9))
     assert telemetry.sample()[1].lost
+
+
+def test_mps_clients_replace_their_server(telemetry: Telemetry, faults: FaultFile) -> None:
+    """Under MPS the server is a compute process and its clients are listed apart."""
+    import subprocess
+    import sys
+
+    server = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "open('/proc/self/comm', 'w').write('nvidia-cuda-mps-server')\n"
+        "print('named', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout.readline().strip() == "named"
+        faults.write({"processes": [{"gpu": 0, "pid": server.pid, "used_memory_mib": 3000},
+                                    {"gpu": 0, "pid": 4321, "used_memory_mib": 500}],
+                      "mps_processes": [{"gpu": 0, "pid": 1111, "used_memory_mib": 1000},
+                                        {"gpu": 0, "pid": 2222, "used_memory_mib": 2000}]})
+        assert telemetry.sample()[0].processes == (
+            GpuProcess(4321, 500), GpuProcess(1111, 1000), GpuProcess(2222, 2000))
+        faults.write({"processes": [{"gpu": 0, "pid": server.pid, "used_memory_mib": 3000}]})
+        assert telemetry.sample()[0].processes == (GpuProcess(server.pid, 3000),)
+    finally:
+        server.kill()
+        server.wait()
+        server.stdout.close()
