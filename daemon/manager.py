@@ -114,13 +114,13 @@ class Manager:
         ref = replica_ref(component, replica)
         if event.key in self._stopping:
             return
+        partner = self._failover(ref)
         async with self.keeper.lock:
             doc = self.doc
             comp = doc.components.get(component)
             worker = doc.workers.get(ref)
             if comp is None or comp.state == "releasing" or worker is None or event.key in self._stopping:
                 return
-            partner = self._standby_partner(doc, component, replica) if worker.role == "primary" else None
             if partner is not None:
                 await self._promote(ref, partner)
                 return
@@ -136,6 +136,29 @@ class Manager:
                     )
                 if not event.will_restart and ref in doc.workers and component in doc.components:
                     doc.components[component] = replace(doc.components[component], state="failed")
+
+    def _failover(self, dead_ref: str) -> str | None:
+        """Tell the dead primary's shadow it serves now, before waiting for the lock.
+
+        The lock may be held for seconds (an allocation spawning a hundred
+        workers); the shadow must hear within milliseconds of the death. The
+        state records the promotion once the lock is free (`_promote`).
+        Returns the promoted shadow's ref, or None when there is none.
+        """
+        doc = self.doc
+        dead = doc.workers.get(dead_ref)
+        comp = doc.components.get(dead.component) if dead is not None else None
+        if dead is None or comp is None or comp.state == "releasing" or dead.role != "primary":
+            return None
+        partner_ref = self._standby_partner(doc, dead.component, dead.replica)
+        if partner_ref is None:
+            return None
+        partner = doc.workers[partner_ref]
+        owner = doc.components[partner.component]
+        write_role(self.paths, partner.component, partner.replica, "primary", owner.owner_uid, owner.owner_gid)
+        self.supervisor.signal(watcher_key(partner.component, partner.replica), self.config.promotion_signal)
+        log.warning("promoted %s to primary after %s died", partner_ref, dead_ref)
+        return partner_ref
 
     def _standby_partner(self, doc: StateDoc, component: str, replica: int) -> str | None:
         """The live shadow that takes over when this primary dies, if any."""
@@ -154,7 +177,10 @@ class Manager:
         return None
 
     async def _promote(self, dead_ref: str, partner_ref: str) -> None:
-        """Swap roles: the shadow serves now, the dead primary comes back as its shadow."""
+        """Record a promotion `_failover` made: the shadow serves now, the dead
+        primary comes back as its shadow. Called with the lock held."""
+        if partner_ref not in self.doc.workers:
+            return
         now = self.keeper.clock()
         with self.keeper.transaction() as doc:
             p = doc.workers[partner_ref]
@@ -162,11 +188,6 @@ class Manager:
                                                last_promoted_at=now)
             d = doc.workers[dead_ref]
             doc.workers[dead_ref] = replace(d, role="shadow", pid=None, create_time=None)
-        partner = self.doc.workers[partner_ref]
-        owner = self.doc.components[partner.component]
-        write_role(self.paths, partner.component, partner.replica, "primary", owner.owner_uid, owner.owner_gid)
-        self.supervisor.signal(watcher_key(partner.component, partner.replica), self.config.promotion_signal)
-        log.warning("promoted %s to primary after %s died", partner_ref, dead_ref)
         dead = self.doc.workers[dead_ref]
         key = watcher_key(dead.component, dead.replica)
         self._stopping.add(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -511,3 +512,31 @@ def test_an_expired_lease_does_not_release_a_new_component_of_its_name(start_cgd
     time.sleep(0.6)
     assert cgd.request("GET", "/v1/components/bbb")[0] == 200, cgd.log()
     assert "released bbb" not in cgd.log(), cgd.log()
+
+
+def test_a_shadow_is_told_at_once_even_while_the_lock_is_busy(cgd: Cgd) -> None:
+    """The promotion signal does not wait behind an allocation that spawns many workers."""
+    import threading
+
+    allocate(cgd, {"name": "web", "claim": {"memory_mib": 1024}, "command": worker_cmd()})
+    allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
+    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
+    shadow = wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["pids"])[0]
+    shadow_log = cgd.log_dir / "web-standby" / "0.out"
+    wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
+    wait_for(lambda: time.time() - psutil.Process(shadow).create_time() >= 1.1)
+    role_file = Path(proc_env(shadow)["CG_ROLE_FILE"])
+    body = {"name": "crowd", "claim": {"memory_mib": 256}, "replicas": 120, "scope": "all-replicas",
+            "command": [shutil.which("sleep") or "/bin/sleep", "600"]}
+    answers: list[tuple[int, Any]] = []
+    crowd = threading.Thread(target=lambda: answers.append(cgd.request("POST", "/v1/components", body, timeout=60)))
+    crowd.start()
+    wait_for(lambda: "crowd" in state_file(cgd)["components"], interval=0.01)
+    os.kill(primary, signal.SIGKILL)
+    wait_for(lambda: role_file.read_text().strip() == "primary", timeout=5, interval=0.005)
+    told_while_busy = crowd.is_alive()
+    crowd.join(timeout=60)
+    assert told_while_busy, "the shadow heard only after the allocation released the lock"
+    wait_for(lambda: "promoted to primary" in shadow_log.read_text())
+    wait_for(lambda: state_file(cgd)["workers"]["web-standby/0"]["role"] == "primary")
+    assert answers[0][0] == 201 and len(answers[0][1]["replicas"]) == 120
