@@ -150,7 +150,7 @@ class Manager:
         comp = doc.components.get(dead.component) if dead is not None else None
         if dead is None or comp is None or comp.state == "releasing" or dead.role != "primary":
             return None
-        partner_ref = self._standby_partner(doc, dead.component, dead.replica)
+        partner_ref = self.standby_partner(doc, dead.component, dead.replica)
         if partner_ref is None:
             return None
         partner = doc.workers[partner_ref]
@@ -160,7 +160,7 @@ class Manager:
         log.warning("promoted %s to primary after %s died", partner_ref, dead_ref)
         return partner_ref
 
-    def _standby_partner(self, doc: StateDoc, component: str, replica: int) -> str | None:
+    def standby_partner(self, doc: StateDoc, component: str, replica: int) -> str | None:
         """The live shadow that takes over when this primary dies, if any."""
         comp = doc.components[component]
         partners = [comp.shadow_of] if comp.shadow_of else dependents(doc, component)[0]
@@ -181,13 +181,8 @@ class Manager:
         primary comes back as its shadow. Called with the lock held."""
         if partner_ref not in self.doc.workers:
             return
-        now = self.keeper.clock()
         with self.keeper.transaction() as doc:
-            p = doc.workers[partner_ref]
-            doc.workers[partner_ref] = replace(p, role="primary", promotions=p.promotions + 1,
-                                               last_promoted_at=now)
-            d = doc.workers[dead_ref]
-            doc.workers[dead_ref] = replace(d, role="shadow", pid=None, create_time=None)
+            swap_roles(doc, dead_ref, partner_ref, self.keeper.clock())
         dead = self.doc.workers[dead_ref]
         key = watcher_key(dead.component, dead.replica)
         self._stopping.add(key)
@@ -689,6 +684,13 @@ class Manager:
             elif w.pid:
                 out[ref] = [w.pid]
         return out
+
+
+def swap_roles(doc: StateDoc, dead_ref: str, partner_ref: str, now: float) -> None:
+    """Inside a transaction: the shadow is primary now, the dead primary will come back as its shadow."""
+    p = doc.workers[partner_ref]
+    doc.workers[partner_ref] = replace(p, role="primary", promotions=p.promotions + 1, last_promoted_at=now)
+    doc.workers[dead_ref] = replace(doc.workers[dead_ref], role="shadow", pid=None, create_time=None)
 
 
 def _alive(pid: int, start: float | None) -> bool:

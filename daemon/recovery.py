@@ -9,6 +9,7 @@ state says should not run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from daemon.manager import Manager
+from daemon.manager import Manager, swap_roles
 from daemon.transactions import remove_component
 from daemon.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
 from statefiles.schema import MachineFingerprint, WorkerRecord
@@ -77,10 +78,10 @@ async def recover(manager: Manager) -> RecoveryReport:
                     doc.components[name] = replace(doc.components[name], state="lost")
 
         releasing = [c.name for c in keeper.doc.components.values() if c.state == "releasing"]
-        for name in releasing:
-            for w in [w for w in keeper.doc.workers.values() if w.component == name]:
-                if w.pid and w.create_time:
-                    await manager.supervisor.stop_stray(w.pid, w.create_time, 10.0)
+        await asyncio.gather(*(
+            manager.supervisor.stop_stray(w.pid, w.create_time, 10.0)
+            for w in keeper.doc.workers.values() if w.component in releasing and w.pid and w.create_time
+        ))
         if releasing:
             with keeper.transaction() as doc:
                 for name in releasing:
@@ -99,22 +100,39 @@ async def recover(manager: Manager) -> RecoveryReport:
             else:
                 to_start.append(ref)
 
+        _fail_over(manager, to_start)
         for ref in adopted:
             _finish_promotion(manager, keeper.doc.workers[ref])
 
         kept = {p for ref in adopted for p in _family(keeper.doc.workers[ref].pid)}
-        strays = []
-        for pid, start, ref in instance_processes(manager.paths.instance):
-            if pid in kept or pid == os.getpid():
-                continue
+        strays = [(pid, start, ref) for pid, start, ref in instance_processes(manager.paths.instance)
+                  if pid not in kept and pid != os.getpid()]
+        for pid, _, ref in strays:
             log.warning("stopping pid %d (%s): the state says it should not run", pid, ref)
-            await manager.supervisor.stop_stray(pid, start, 10.0)
-            strays.append(pid)
+        await asyncio.gather(*(manager.supervisor.stop_stray(pid, start, 10.0) for pid, start, _ in strays))
 
         await manager.start_workers(to_start)
     for ref in adopted:
         log.info("adopted %s (pid %s) from the previous run", ref, keeper.doc.workers[ref].pid)
-    return RecoveryReport(tuple(adopted), tuple(to_start), tuple(strays), tuple(lost))
+    return RecoveryReport(tuple(adopted), tuple(to_start), tuple(pid for pid, _, _ in strays), tuple(lost))
+
+
+def _fail_over(manager: Manager, to_start: list[str]) -> None:
+    """Primaries that died while cgd was down hand over to their live shadows,
+    as they would have with cgd up; `_finish_promotion` then tells the shadows."""
+    keeper = manager.keeper
+    swaps = []
+    for ref in to_start:
+        w = keeper.doc.workers[ref]
+        partner = manager.standby_partner(keeper.doc, w.component, w.replica) if w.role == "primary" else None
+        if partner is not None:
+            swaps.append((ref, partner))
+    if swaps:
+        with keeper.transaction() as doc:
+            for dead, partner in swaps:
+                swap_roles(doc, dead, partner, keeper.clock())
+        for dead, partner in swaps:
+            log.warning("%s died while cgd was down: its shadow %s is primary now", dead, partner)
 
 
 def _finish_promotion(manager: Manager, worker: WorkerRecord) -> None:

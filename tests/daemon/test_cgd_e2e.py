@@ -540,3 +540,23 @@ def test_a_shadow_is_told_at_once_even_while_the_lock_is_busy(cgd: Cgd) -> None:
     wait_for(lambda: "promoted to primary" in shadow_log.read_text())
     wait_for(lambda: state_file(cgd)["workers"]["web-standby/0"]["role"] == "primary")
     assert answers[0][0] == 201 and len(answers[0][1]["replicas"]) == 120
+
+
+def test_a_primary_that_died_while_cgd_was_down_fails_over(start_cgd) -> None:
+    cgd = start_cgd("dgx-h100")
+    allocate(cgd, {"name": "web", "claim": {"gpus": 1}, "command": worker_cmd()})
+    allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
+    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
+    shadow = wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["pids"])[0]
+    shadow_log = cgd.log_dir / "web-standby" / "0.out"
+    wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
+    wait_for(lambda: time.time() - psutil.Process(shadow).create_time() >= 1.1)
+    cgd.kill9()
+    os.kill(primary, signal.SIGKILL)
+    cgd.start()
+    wait_for(lambda: "promoted to primary" in shadow_log.read_text())
+    assert "web/0 died while cgd was down: its shadow web-standby/0 is primary now" in cgd.log()
+    reply = cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]
+    assert reply["role"] == "primary" and reply["pids"] == [shadow]
+    restarted = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
+    assert restarted != primary and proc_env(restarted)["CG_ROLE"] == "shadow"
