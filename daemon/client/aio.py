@@ -16,9 +16,9 @@ from typing import Any
 
 from daemon.client.endpoints import Endpoints
 from daemon.client.errors import CgdUnreachable
+from daemon.client.locate import client_socket_path
 from daemon.client.sync import DEFAULT_TIMEOUT_S, connection_error
 from daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
-from daemon.paths import socket_path as default_socket_path
 
 
 class AsyncCgdClient(Endpoints[Awaitable[Any]]):
@@ -26,7 +26,7 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
 
     def __init__(self, socket_path: str | os.PathLike[str] | None = None,
                  timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        self.socket_path = default_socket_path(socket_path)
+        self.socket_path = client_socket_path(socket_path)
         self.timeout = timeout
 
     def send(self, request: Request) -> Awaitable[Any]:
