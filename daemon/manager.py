@@ -508,6 +508,8 @@ class Manager:
             check_owner(caller, g.owner_uid, f"group {gid!r}")
             if g.state in ("lost", "reserved"):
                 raise Conflict(f"group {gid!r} is {g.state} and cannot drain")
+            if g.state in ("draining", "degraded"):  # degraded: its GPU is drained already; keep saying why
+                return group_view(self.doc, g)
             with self.keeper.transaction() as doc:
                 doc.groups[gid] = replace(doc.groups[gid], state="draining")
             return group_view(self.doc, self.doc.groups[gid])

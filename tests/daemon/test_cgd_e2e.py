@@ -223,6 +223,8 @@ def test_injected_gpu_fault_drains_and_degrades(start_cgd, tmp_path: Path) -> No
     assert cgd.request("GET", "/v1/components/victim")[1]["state"] == "degraded"
     status, reply = cgd.request("POST", "/v1/components", {"name": "x", "claim": {"gpu_ids": [3], "gpus": 1}})
     assert status in (409, 422), reply
+    status, reply = cgd.request("POST", "/v1/groups/victim-0/drain")
+    assert status == 200 and reply["state"] == "degraded", "draining keeps saying why the group is unusable"
     # Once the GPU is healthy again, undraining it brings its groups back.
     cgd.faults_file.write_text("{}")
     wait_for(lambda: cgd.request("GET", "/v1/status")[1]["gpus"][3]["health"] == "ok")
