@@ -15,8 +15,9 @@ decides everything else:
   new pid and its start time, which the manager records;
 - a worker found alive after cgd died is adopted: watched through its pidfd,
   never restarted while it lives, started fresh under circus once it exits;
-- stopping signals the worker's whole process group, then SIGKILLs it after
-  the stop timeout.
+- stopping signals the worker's whole process group and waits until none
+  of it is left (a child that outlives the worker keeps its GPU memory),
+  then SIGKILLs what is left after the stop timeout.
 
 Workers are never tied to cgd's life (no PDEATHSIG): after `kill -9` of cgd
 they keep running, and the next cgd adopts them.
@@ -49,8 +50,12 @@ log = logging.getLogger(__name__)
 KEY_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 SHELL = ("/bin/sh", "-c")
 KILL_WAIT_S = 5.0
-"""How long to wait for a process after SIGKILL; longer means it is stuck in
-the kernel (uninterruptible sleep, often a wedged GPU) and is left to it."""
+"""How long to wait for a process group after SIGKILL; longer means one of
+its processes is stuck in the kernel (uninterruptible sleep, often a wedged
+GPU) and is left to it."""
+GROUP_POLL_S = 0.05
+"""How often a stopping worker's group is looked at once the worker itself
+has exited: a stop lasts this much longer than the group at most."""
 
 _DETACHED: list[Process] = []
 """Processes handed over to the next cgd (`stop(keep_workers=True)`). They are
@@ -198,10 +203,11 @@ class Supervisor:
                 raise
 
     async def stop_worker(self, key: str, timeout: float | None = None) -> None:
-        """Stop signal to the worker's process group, SIGKILL after
-        `timeout` (default: its stop_timeout_s); returns when it is gone and
-        forgotten. A pending restart is cancelled. Unknown keys are ignored,
-        so stopping twice is harmless."""
+        """Stop signal to the worker's process group, SIGKILL to what is left
+        of the group after `timeout` (default: its stop_timeout_s); returns
+        when the whole group is gone (or stuck in the kernel for KILL_WAIT_S
+        more) and the worker forgotten. A pending restart is cancelled.
+        Unknown keys are ignored, so stopping twice is harmless."""
         worker = self._workers.get(key)
         if worker is None:
             return
@@ -231,9 +237,10 @@ class Supervisor:
         return True
 
     async def stop_stray(self, pid: int, create_time: float, timeout: float = 10.0) -> bool:
-        """Stop a process of a previous run that state says should not run
-        (SIGTERM to its group, SIGKILL after `timeout`). False if it was
-        already gone or the pid now belongs to another process."""
+        """Stop a process of a previous run that state says should not run,
+        with its group, as `stop_worker` does (SIGTERM, SIGKILL after
+        `timeout`). False if it was already gone or the pid now belongs to
+        another process."""
         handle = ProcessHandle.open(pid, create_time)
         if handle is None:
             return False
@@ -390,18 +397,40 @@ class Supervisor:
 
 async def _terminate(handle: ProcessHandle, exited: asyncio.Future[int | None],
                      stop_signal: int, timeout: float) -> None:
-    if not handle.send_group(stop_signal) and exited.done():
+    """Stop the process and every process of its group within `timeout`,
+    then SIGKILL what is left. A child that outlives its worker (a rank that
+    ignores SIGTERM) keeps its GPU memory, and the worker's GPUs are handed
+    on once this returns: the worker has stopped only when its group has."""
+    handle.send_group(stop_signal)
+    if await _stopped(handle, exited, timeout):
         return
+    log.warning("pid %d: pids %s still run %.1fs after the stop signal: SIGKILL",
+                handle.pid, _pids(handle), timeout)
+    handle.send_group(signals.SIGKILL)
+    if not await _stopped(handle, exited, KILL_WAIT_S):
+        log.warning("pid %d: pids %s survived SIGKILL for %.0fs (stuck in the kernel?): left to it",
+                    handle.pid, _pids(handle), KILL_WAIT_S)
+
+
+async def _stopped(handle: ProcessHandle, exited: asyncio.Future[int | None], timeout: float) -> bool:
+    """Whether the process exited and then the rest of its group within
+    `timeout`. The exit is seen at once through the pidfd; the group's other
+    members are not our children, so they are polled."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, timeout)
     try:
         await asyncio.wait_for(asyncio.shield(exited), max(0.0, timeout))
-        return
-    except asyncio.TimeoutError:
-        log.warning("pid %d did not stop within %.1fs: SIGKILL", handle.pid, timeout)
-    handle.send_group(signals.SIGKILL)
-    try:
-        await asyncio.wait_for(asyncio.shield(exited), KILL_WAIT_S)
-    except asyncio.TimeoutError:
-        log.error("pid %d survived SIGKILL for %.0fs (stuck in the kernel?)", handle.pid, KILL_WAIT_S)
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        return False
+    while handle.group_left():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(GROUP_POLL_S)
+    return True
+
+
+def _pids(handle: ProcessHandle) -> str:
+    return ", ".join(map(str, handle.group_left())) or "none"
 
 
 def _reap_abandoned(process: Process, handle: ProcessHandle) -> None:

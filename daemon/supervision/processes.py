@@ -37,6 +37,48 @@ def _pidfd_works() -> bool:
 HAVE_PIDFD = _pidfd_works()
 
 
+def group_members(pgid: int) -> list[int]:
+    """The processes of group `pgid` that are not zombies: a zombie holds
+    no memory (GPU memory included), and an orphaned one is reaped only when
+    init gets to it, which in a container may be never.
+
+    A group id is its first leader's pid, and the kernel does not hand that
+    pid out again while any process, zombie or not, is in the group; pids
+    are handed out in a cycle besides. So a group found here is the one that
+    leader made, unless it empties and a new process gets that pid and makes
+    a group of it before the caller acts on the answer."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass
+    return [pid for pid in _all_pids() if _running_in_group(pid, pgid)]
+
+
+def _all_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _running_in_group(pid: int, pgid: int) -> bool:
+    """From /proc/PID/stat: after the command name in parentheses (which may
+    hold anything) come the state, the parent pid and the group id."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(b")") + 2:].split()
+    return int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
+
+
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
 def start_time(pid: int, *, allow_zombie: bool = False) -> float | None:
     """psutil's create_time of `pid`, or None when it is gone (or a zombie,
     which is a dead process for everyone but its parent)."""
@@ -50,10 +92,17 @@ def start_time(pid: int, *, allow_zombie: bool = False) -> float | None:
 
 
 class ProcessHandle:
-    def __init__(self, pid: int, create_time: float, pidfd: int | None, child: bool) -> None:
+    """`group` is the process group the process led when the handle was
+    opened (circus starts every worker in a session of its own), None if it
+    led none: kept so that what is left of the group can still be reached
+    once the leader is gone."""
+
+    def __init__(self, pid: int, create_time: float, pidfd: int | None, child: bool,
+                 group: int | None = None) -> None:
         self.pid = pid
         self.create_time = create_time
         self.child = child
+        self.group = group
         self._pidfd = pidfd
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.TimerHandle | None = None
@@ -74,7 +123,7 @@ class ProcessHandle:
             if pidfd is not None:
                 os.close(pidfd)
             return None
-        return cls(pid, actual, pidfd, child)
+        return cls(pid, actual, pidfd, child, pid if _leads_group(pid) else None)
 
     def alive(self) -> bool:
         if self._pidfd is not None:
@@ -103,20 +152,28 @@ class ProcessHandle:
         return True
 
     def send_group(self, signum: int) -> bool:
-        """Signal the process and its descendants: circus starts every worker
-        in a session of its own, so its process group holds whatever it
-        spawned (a shell's command, torchrun's ranks), which would otherwise
-        keep GPU memory after the worker is gone. The leader is alive when
-        we look, so its group id can not belong to anyone else."""
-        if not self.alive():
+        """Signal the process and its descendants: its process group holds
+        whatever it spawned (a shell's command, torchrun's ranks), which
+        would otherwise keep GPU memory after the worker is gone. The group
+        is signalled while the leader lives (its pid, the group id, can then
+        belong to no one else) or, once it is gone, while the group still
+        has members (see `group_members`). False if nothing was signalled."""
+        if self.group is None:
+            return self.send(signum)
+        if not self.alive() and not group_members(self.group):
             return False
         try:
-            if os.getpgid(self.pid) == self.pid:
-                os.killpg(self.pid, signum)
-                return True
+            os.killpg(self.group, signum)
         except ProcessLookupError:
-            return False
-        return self.send(signum)
+            return self.send(signum)
+        return True
+
+    def group_left(self) -> list[int]:
+        """The pids still running of the process and of the group it led:
+        it has stopped only once this is empty."""
+        if self.group is None:
+            return [self.pid] if self.alive() else []
+        return group_members(self.group)
 
     def watch(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[], None]) -> None:
         """Call `on_exit` once, from `loop`, when the process exits."""

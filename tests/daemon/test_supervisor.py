@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from daemon import supervisor
 from daemon.supervision import processes
 from daemon.supervisor import RestartPolicy, Supervisor, WorkerExit, WorkerSpec, WorkerStart
 
@@ -38,6 +39,32 @@ GRACEFUL = textwrap.dedent("""
     print('ready', flush=True)
     while True: time.sleep(0.05)
 """)
+
+CHILD_IGNORES_TERM = ("import signal, time\n"
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      "print('child ready', flush=True)\n"
+                      "time.sleep(60)\n")
+CHILD_SLOW_ON_TERM = textwrap.dedent("""
+    import signal, sys, time
+    def term(*_):
+        time.sleep(0.4)
+        print('child done', flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, term)
+    print('child ready', flush=True)
+    while True: time.sleep(0.05)
+""")
+
+
+def parent_of(child_code: str, ignore_term: bool = False) -> str:
+    """A worker that starts `child_code` in its own process group and
+    prints the child's pid; it dies at once of SIGTERM unless `ignore_term`
+    (which its child then inherits)."""
+    ignore = "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignore_term else ""
+    return (f"import signal, subprocess, sys, time\n{ignore}"
+            f"child = subprocess.Popen([sys.executable, '-c', {child_code!r}])\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(60)\n")
 
 
 class Recorder:
@@ -113,6 +140,12 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+async def child_in(log: Path) -> int:
+    """The pid a `parent_of` worker printed, once its child is ready."""
+    await until(lambda: log.exists() and "child ready" in log.read_text())
+    return next(int(line) for line in log.read_text().split() if line.isdigit())
 
 
 def kill_and_reap(pid: int) -> None:
@@ -215,6 +248,82 @@ def test_stop_worker_kills_after_the_timeout_with_its_children(tmp_path: Path) -
 
     rec = run_with(tmp_path, body)
     assert [(e.returncode, e.will_restart) for _, e in rec.exits] == [(-signal.SIGKILL, False)]
+
+
+def test_stop_worker_waits_for_a_child_that_outlives_it_then_kills_it(tmp_path: Path) -> None:
+    """The worker dies of SIGTERM at once; its child ignores it and would
+    keep the GPU's memory after the worker's group is released."""
+    spec = spec_for(tmp_path, "orphaning.0", parent_of(CHILD_IGNORES_TERM))
+
+    async def body(sup: Supervisor, rec: Recorder) -> None:
+        started = await sup.start_worker(spec)
+        child = await child_in(Path(spec.stdout_path))
+        began = time.monotonic()
+        await sup.stop_worker("orphaning.0", timeout=0.5)
+        took = time.monotonic() - began
+        print(f"stop of a worker whose child ignores SIGTERM took {took:.3f} s")
+        assert gone(started.pid) and gone(child)
+        assert 0.5 <= took < 3.0
+
+    rec = run_with(tmp_path, body)
+    assert [(e.returncode, e.will_restart) for _, e in rec.exits] == [(-signal.SIGTERM, False)]
+
+
+def test_stop_worker_lets_the_group_finish_within_the_timeout(tmp_path: Path) -> None:
+    """No SIGKILL for a child that takes a while to exit after SIGTERM."""
+    spec = spec_for(tmp_path, "cleanup.0", parent_of(CHILD_SLOW_ON_TERM))
+
+    async def body(sup: Supervisor, rec: Recorder) -> None:
+        await sup.start_worker(spec)
+        child = await child_in(Path(spec.stdout_path))
+        began = time.monotonic()
+        await sup.stop_worker("cleanup.0", timeout=5.0)
+        took = time.monotonic() - began
+        assert gone(child)
+        assert 0.4 <= took < 3.0
+
+    run_with(tmp_path, body)
+    assert Path(spec.stdout_path).read_text().splitlines()[-1] == "child done"
+
+
+def test_stop_worker_kills_a_group_that_ignores_sigterm(tmp_path: Path) -> None:
+    """The child holds memory, as a GPU worker does: freeing it makes the
+    child die of SIGKILL later than the worker, and the stop must wait."""
+    child_code = "ballast = b'x' * 2 ** 28\n" + CHILD_IGNORES_TERM
+    spec = spec_for(tmp_path, "deaf.0", parent_of(child_code, ignore_term=True))
+
+    async def body(sup: Supervisor, rec: Recorder) -> None:
+        started = await sup.start_worker(spec)
+        child = await child_in(Path(spec.stdout_path))
+        began = time.monotonic()
+        await sup.stop_worker("deaf.0", timeout=0.3)
+        took = time.monotonic() - began
+        assert gone(started.pid) and gone(child)
+        assert 0.3 <= took < 3.0
+
+    rec = run_with(tmp_path, body)
+    assert [(e.returncode, e.will_restart) for _, e in rec.exits] == [(-signal.SIGKILL, False)]
+
+
+def test_stop_worker_gives_up_on_a_group_stuck_in_the_kernel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A process in uninterruptible sleep outlives SIGKILL; the stop must
+    still end, saying which pids are left."""
+    stuck = 4_000_000_123
+    monkeypatch.setattr(supervisor, "KILL_WAIT_S", 0.3)
+    monkeypatch.setattr(processes.ProcessHandle, "group_left", lambda self: [stuck])
+    spec = spec_for(tmp_path, "stuck.0", SLEEPER)
+
+    async def body(sup: Supervisor, rec: Recorder) -> None:
+        await sup.start_worker(spec)
+        began = time.monotonic()
+        await sup.stop_worker("stuck.0", timeout=0.2)
+        assert 0.5 <= time.monotonic() - began < 3.0
+        assert sup.keys() == []
+
+    run_with(tmp_path, body)
+    assert any(r.levelname == "WARNING" and str(stuck) in r.getMessage() and "survived SIGKILL" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_restart_backs_off_then_gives_up(tmp_path: Path) -> None:
@@ -384,6 +493,23 @@ def test_stop_stray_checks_the_start_time(tmp_path: Path) -> None:
         run_with(tmp_path, body)
     finally:
         kill_and_reap(stray)
+
+
+def test_stop_stray_stops_its_whole_group(tmp_path: Path) -> None:
+    log = tmp_path / "stray.out"
+    with log.open("w") as out:
+        stray = subprocess.Popen([sys.executable, "-c", parent_of(CHILD_IGNORES_TERM)],
+                                 stdout=out, start_new_session=True)
+    try:
+        async def body(sup: Supervisor, rec: Recorder) -> None:
+            child = await child_in(log)
+            assert await sup.stop_stray(stray.pid, psutil.Process(stray.pid).create_time(), timeout=0.5)
+            assert gone(stray.pid) and gone(child)
+
+        run_with(tmp_path, body)
+    finally:
+        stray.kill()
+        stray.wait()
 
 
 def test_stop_all_stops_every_worker(tmp_path: Path) -> None:
