@@ -1,8 +1,9 @@
 """Assembling cgd's parts in order, and taking them apart in reverse.
 
-Start: one-instance lock, machine, state, supervisor on this loop, recovery
-of the previous run's workers, health loop, socket, READY=1. Stop: STOPPING=1,
-close the socket, stop the health loop, stop (or keep) the workers.
+Start: private runtime directory, one-instance lock, machine, state,
+supervisor on this loop, recovery of the previous run's workers, health loop,
+socket, watchdog and log rotation, READY=1. Stop: STOPPING=1, close the
+socket, stop the health loop, stop (or keep) the workers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from daemon.deployment_routes import deployment_routes
 from daemon.health import HealthMonitor
 from daemon.manager import Manager
 from daemon.mps import MpsControl, MpsError
+from daemon.paths import UnsafeDirectory, cgd_runtime_dir
 from daemon.recovery import recover, shutdown
 from daemon.server import CgdApp, listen
 from daemon.supervisor import Supervisor
@@ -32,6 +34,8 @@ from statefiles.errors import StateError
 from statefiles.store import StateStore
 
 log = logging.getLogger("cgd")
+
+ROTATE_PERIOD_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,18 @@ def open_machine(opts: Options):
     return gateway, discover(gateway)
 
 
+def private_runtime_dir(opts: Options) -> Path:
+    """Where cgd keeps role files, MPS pipes and circus's endpoints: a
+    directory no one else can change, so a root cgd never writes through a
+    symlink someone planted (see daemon/paths.py)."""
+    try:
+        return cgd_runtime_dir(opts.runtime_dir, opts.socket.name)
+    except UnsafeDirectory as exc:
+        raise StartupError(
+            f"runtime directory {exc}; remove it or choose another --socket"
+        ) from None
+
+
 class Daemon:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
@@ -103,12 +119,13 @@ class Daemon:
 
     async def start(self) -> None:
         opts = self.opts
-        for directory, mode in ((opts.state_dir, 0o700), (opts.log_dir, 0o755), (opts.runtime_dir, 0o755)):
+        for directory, mode in ((opts.state_dir, 0o700), (opts.log_dir, 0o755)):
             if not directory.exists():
                 # Only directories cgd creates get its modes; an existing one
-                # (say /tmp for --socket /tmp/cgd.sock) is left as it is.
+                # keeps the mode its administrator chose.
                 directory.mkdir(parents=True)
                 os.chmod(directory, mode)
+        self.runtime_dir = private_runtime_dir(opts)
         self.instance = InstanceLock(opts.state_dir)
         self.instance.acquire()
         try:
@@ -127,16 +144,16 @@ class Daemon:
             keeper = StateKeeper(machine, StateStore(opts.state_dir), opts.config)
         except StateError as exc:
             raise StartupError(str(exc)) from None
-        worker_paths = WorkerPaths(opts.log_dir, opts.runtime_dir, str(opts.state_dir.resolve()))
+        worker_paths = WorkerPaths(opts.log_dir, self.runtime_dir, str(opts.state_dir.resolve()))
         manager: Manager | None = None
         self.supervisor = Supervisor(
-            opts.runtime_dir,
+            self.runtime_dir,
             on_exit=lambda ev: manager.on_worker_exit(ev),
             on_start=lambda ev: manager.on_worker_start(ev),
         )
         self.mps = None
         if opts.config.mps:
-            self.mps = MpsControl(opts.runtime_dir / "mps", opts.log_dir / "mps")
+            self.mps = MpsControl(self.runtime_dir / "mps", opts.log_dir / "mps")
             try:
                 self.mps.start()
             except MpsError as exc:
@@ -150,7 +167,8 @@ class Daemon:
         app = CgdApp(manager, self.health, opts.log_dir, opts.state_dir, machine_to_dict(machine),
                      extra_routes=deployment_routes(Deployments(manager)))
         self.server = listen(app, opts.socket, opts.system)
-        self.tasks.append(asyncio.get_running_loop().create_task(self._housekeeping()))
+        loop = asyncio.get_running_loop()
+        self.tasks += [loop.create_task(self._watchdog()), loop.create_task(self._rotate_logs())]
         log.info(
             "cgd ready on %s: %d GPUs (%s), state %s generation %d; adopted %d workers, started %d",
             opts.socket, len(machine.gpus), machine.source, opts.state_dir, keeper.doc.generation,
@@ -159,19 +177,25 @@ class Daemon:
         sdnotify.notify("READY=1")
         sdnotify.notify(f"STATUS=serving {len(machine.gpus)} GPUs on {opts.socket}")
 
-    async def _housekeeping(self) -> None:
-        """Watchdog pings and log rotation, on their own timer."""
+    async def _watchdog(self) -> None:
+        """Ping systemd's watchdog twice per interval (every 10 s outside systemd, where it is a no-op)."""
         interval = sdnotify.watchdog_interval()
         period = min(interval / 2, 10.0) if interval else 10.0
         while True:
             sdnotify.notify("WATCHDOG=1")
+            await asyncio.sleep(period)
+
+    async def _rotate_logs(self) -> None:
+        """Rotate worker logs every ROTATE_PERIOD_S: a chatty worker writes
+        megabytes per second, so a longer period lets a log grow far past
+        log_max_bytes. A scan is one open and fstat per log file."""
+        config = self.opts.config
+        while True:
             try:
-                await asyncio.to_thread(
-                    rotate_all, self.opts.log_dir, self.opts.config.log_max_bytes, self.opts.config.log_backups,
-                )
+                await asyncio.to_thread(rotate_all, self.opts.log_dir, config.log_max_bytes, config.log_backups)
             except OSError as exc:
                 log.warning("log rotation failed: %s", exc)
-            await asyncio.sleep(period)
+            await asyncio.sleep(ROTATE_PERIOD_S)
 
     async def stop(self) -> None:
         sdnotify.notify("STOPPING=1")

@@ -8,11 +8,13 @@ worker started after a crash is the same worker that was asked for.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 from daemon.config import DaemonConfig
+from daemon.paths import RUNTIME_MODE, own_dir
 from daemon.requests import ComponentRequest
 from daemon.supervisor import RestartPolicy, WorkerSpec
 from daemon.workerenv import MpsSettings, VisibleDevice, owner_env, worker_env
@@ -115,13 +117,37 @@ def build_spec(
     )
 
 
+ROLE_FILE_MODE = 0o644
+"""The worker, maybe another user, reads it; only cgd writes it."""
+
+
 def write_role(paths: WorkerPaths, component: str, replica: int, role: str, uid: int, gid: int) -> None:
-    """Write the role file atomically: a worker reading it never sees it empty."""
+    """Write the role file atomically: a worker reading it never sees it empty.
+
+    cgd may be root, so nothing here follows a symlink: roles/ must be cgd's
+    own directory, the temporary file gets a fresh unguessable name and is
+    created exclusively, and it is chowned through its descriptor.
+    """
     target = paths.role_file(component, replica)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(target.parent, 0o755)
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(role + "\n")
+    own_dir(target.parent, RUNTIME_MODE)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, ROLE_FILE_MODE)
+    try:
+        try:
+            _fill_role_file(fd, role, uid, gid)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fill_role_file(fd: int, role: str, uid: int, gid: int) -> None:
+    """The role, the mode whatever the umask, and the worker's ownership."""
+    data = (role + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+    os.fchmod(fd, ROLE_FILE_MODE)
     if os.geteuid() == 0:
-        os.chown(tmp, uid, gid)
-    os.replace(tmp, target)
+        os.fchown(fd, uid, gid)
