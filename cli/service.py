@@ -72,6 +72,7 @@ TimeoutStopSec=90
 WatchdogSec=30
 Restart=on-failure
 RestartSec=2
+LimitNOFILE=65536
 
 [Install]
 WantedBy=default.target

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from daemon.config import ConfigError, load_config
 log = logging.getLogger("cgd")
 
 EXIT_STARTUP_FAILURE = 3
+NOFILE_TARGET = 65536
 
 
 class JournalFormatter(logging.Formatter):
@@ -39,6 +41,22 @@ class JournalFormatter(logging.Formatter):
         if self.journald:
             return f"<{self.PRIORITY.get(record.levelno, 6)}>{text}"
         return text
+
+
+def raise_nofile_limit(target: int = NOFILE_TARGET) -> None:
+    """Lift the soft descriptor limit to the hard one (at most `target`).
+
+    Every worker's pipes and every client connection cost cgd descriptors, and
+    the usual soft default of 1024 runs out long before the hard limit does.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = target if hard == resource.RLIM_INFINITY else min(hard, target)
+    if soft != resource.RLIM_INFINITY and soft >= wanted:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot raise the open-files limit from %d to %d: %s", soft, wanted, exc)
 
 
 def setup_logging(verbose: bool) -> None:
@@ -65,9 +83,11 @@ def setup_logging(verbose: bool) -> None:
 def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, keep_workers, verbose) -> None:
     """Run the computegroups daemon in the foreground."""
     from daemon.lifecycle import Options, StartupError
+    from daemon.server import SocketInUse, refuse_live_socket
     from statefiles.paths import default_state_dir
 
     setup_logging(verbose)
+    raise_nofile_limit()
     system = paths.is_system_mode()
     try:
         config = load_config(config_path)
@@ -86,8 +106,11 @@ def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, 
         system=system,
     )
     try:
+        # Checked before anything starts: the workers of a second state
+        # directory must not run beside a live cgd on the same socket.
+        refuse_live_socket(sock)
         code = asyncio.run(_run(opts))
-    except StartupError as exc:
+    except (StartupError, SocketInUse) as exc:
         _fail(str(exc))
     sys.exit(code)
 
