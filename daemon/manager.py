@@ -514,6 +514,19 @@ class Manager:
                 doc.groups[gid] = replace(doc.groups[gid], state="draining")
             return group_view(self.doc, self.doc.groups[gid])
 
+    async def undrain_group(self, caller: Caller, gid: str) -> dict[str, Any]:
+        """Let new work land on a drained group's devices again; a degraded one waits for its GPU's undrain."""
+        async with self.keeper.lock:
+            g = self.group_record(gid)
+            check_owner(caller, g.owner_uid, f"group {gid!r}")
+            if g.state == "degraded":
+                raise Conflict(f"group {gid!r} is degraded: its GPU failed; undrain the GPU once it is healthy")
+            if g.state != "draining":
+                return group_view(self.doc, g)
+            with self.keeper.transaction() as doc:
+                doc.groups[gid] = replace(doc.groups[gid], state="allocated")
+            return group_view(self.doc, self.doc.groups[gid])
+
     async def drain_gpu(self, caller: Caller, index: int, drain: bool) -> dict[str, Any]:
         async with self.keeper.lock:
             try:

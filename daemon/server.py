@@ -319,6 +319,11 @@ class GroupDrainHandler(ApiHandler):
         await self.run(lambda: self.app.manager.drain_group(self.caller, gid))
 
 
+class GroupUndrainHandler(ApiHandler):
+    async def post(self, gid: str) -> None:
+        await self.run(lambda: self.app.manager.undrain_group(self.caller, gid))
+
+
 class GpuDrainHandler(ApiHandler):
     async def post(self, index: str, action: str) -> None:
         await self.run(lambda: self.app.manager.drain_gpu(self.caller, int(index), action == "drain"))
@@ -400,6 +405,7 @@ class CgdApp:
             (r"/v1/groups", GroupsHandler, kw),
             (rf"/v1/groups/{name}", GroupHandler, kw),
             (rf"/v1/groups/{name}/drain", GroupDrainHandler, kw),
+            (rf"/v1/groups/{name}/undrain", GroupUndrainHandler, kw),
             (r"/v1/gpus/([0-9]{1,4})/(drain|undrain)", GpuDrainHandler, kw),
             (r"/v1/reservations", ReservationsHandler, kw),
             (rf"/v1/reservations/{name}", ReservationHandler, kw),

@@ -98,6 +98,9 @@ class Endpoints(ABC, Generic[R]):
     def drain_group(self, group_id: str) -> R:
         return self.send(Request("POST", f"/v1/groups/{_seg(group_id)}/drain"))
 
+    def undrain_group(self, group_id: str) -> R:
+        return self.send(Request("POST", f"/v1/groups/{_seg(group_id)}/undrain"))
+
     def drain_gpu(self, index: int, drained: bool = True) -> R:
         verb = "drain" if drained else "undrain"
         return self.send(Request("POST", f"/v1/gpus/{_seg(index)}/{verb}"))

@@ -562,3 +562,15 @@ def test_a_primary_that_died_while_cgd_was_down_fails_over(start_cgd) -> None:
     assert reply["role"] == "primary" and reply["pids"] == [shadow]
     restarted = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
     assert restarted != primary and proc_env(restarted)["CG_ROLE"] == "shadow"
+
+
+def test_a_drained_group_can_be_undrained(cgd: Cgd) -> None:
+    allocate(cgd, {"name": "a", "claim": {"memory_mib": 1024, "gpu_ids": [2]}})
+    status, reply = cgd.request("POST", "/v1/groups/a-0/drain")
+    assert status == 200 and reply["state"] == "draining", reply
+    status, reply = cgd.request("POST", "/v1/components", {"name": "b", "claim": {"memory_mib": 1024, "gpu_ids": [2]}})
+    assert status in (409, 422), reply
+    status, reply = cgd.request("POST", "/v1/groups/a-0/undrain")
+    assert status == 200 and reply["state"] == "allocated", reply
+    allocate(cgd, {"name": "b", "claim": {"memory_mib": 1024, "gpu_ids": [2]}})
+    assert cgd.request("POST", "/v1/groups/nosuch/undrain")[0] == 404

@@ -55,7 +55,8 @@ ROUTES: list[tuple[str, str, str | None]] = [
     ("GET", "/v1/components/{n}/logs?replica={i}&tail={i}&stream={n}", None),
     ("GET", "/v1/components/{n}/logs?offset={i}", None), ("GET", "/v1/groups?component={n}&gpu={i}&state={n}", None),
     ("POST", "/v1/groups", "group"), ("GET", "/v1/groups/{g}", None), ("DELETE", "/v1/groups/{g}", None),
-    ("POST", "/v1/groups/{g}/drain", None), ("POST", "/v1/gpus/{i}/drain", None), ("POST", "/v1/gpus/{i}/undrain", None),
+    ("POST", "/v1/groups/{g}/drain", None), ("POST", "/v1/groups/{g}/undrain", None),
+    ("POST", "/v1/gpus/{i}/drain", None), ("POST", "/v1/gpus/{i}/undrain", None),
     ("POST", "/v1/reservations", "reservation"), ("GET", "/v1/reservations", None),
     ("DELETE", "/v1/reservations/{n}", None), ("GET", "/{n}", None), ("PUT", "/v1/components/{n}/{n}", None),
 ]
