@@ -65,6 +65,23 @@ def state_file(cgd: Cgd) -> dict:
     return json.loads((cgd.state_dir / "state.json").read_text())
 
 
+def web_with_shadow(cgd: Cgd, claim: dict | None = None, promotable: bool = True) -> tuple[int, int, Path]:
+    """Component `web` and its shadow `web-standby`, both serving: (primary pid, shadow pid, shadow's log).
+
+    `promotable` waits until cgd would promote the shadow: its signal handler
+    is in place and it has run for a second (daemon.manager.PROMOTION_MIN_UPTIME_S).
+    """
+    allocate(cgd, {"name": "web", "claim": claim or {"gpus": 1}, "command": worker_cmd()})
+    allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
+    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
+    shadow = wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["pids"])[0]
+    shadow_log = cgd.log_dir / "web-standby" / "0.out"
+    wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
+    if promotable:
+        wait_for(lambda: time.time() - psutil.Process(shadow).create_time() >= 1.1)
+    return primary, shadow, shadow_log
+
+
 def test_whole_gpus_worker_env_and_release(cgd: Cgd) -> None:
     comp = allocate(cgd, {"name": "trainer", "claim": {"gpus": 4, "colocate": "nvlink"},
                           "command": worker_cmd(), "env": {"MODEL": "llama"}})
@@ -417,12 +434,7 @@ def test_a_promotion_cut_short_by_a_crash_is_finished_on_restart(start_cgd) -> N
     from statefiles.store import StateStore
 
     cgd = start_cgd("dgx-h100")
-    allocate(cgd, {"name": "web", "claim": {"gpus": 1}, "command": worker_cmd()})
-    allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
-    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
-    shadow = wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["pids"])[0]
-    shadow_log = cgd.log_dir / "web-standby" / "0.out"
-    wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
+    primary, shadow, shadow_log = web_with_shadow(cgd, promotable=False)
     role_file = Path(proc_env(shadow)["CG_ROLE_FILE"])
     cgd.kill9()
     os.kill(primary, signal.SIGKILL)
@@ -520,13 +532,7 @@ def test_a_shadow_is_told_at_once_even_while_the_lock_is_busy(cgd: Cgd) -> None:
     """The promotion signal does not wait behind an allocation that spawns many workers."""
     import threading
 
-    allocate(cgd, {"name": "web", "claim": {"memory_mib": 1024}, "command": worker_cmd()})
-    allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
-    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
-    shadow = wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["pids"])[0]
-    shadow_log = cgd.log_dir / "web-standby" / "0.out"
-    wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
-    wait_for(lambda: time.time() - psutil.Process(shadow).create_time() >= 1.1)
+    primary, shadow, shadow_log = web_with_shadow(cgd, {"memory_mib": 1024})
     role_file = Path(proc_env(shadow)["CG_ROLE_FILE"])
     body = {"name": "crowd", "claim": {"memory_mib": 256}, "replicas": 120, "scope": "all-replicas",
             "command": [shutil.which("sleep") or "/bin/sleep", "600"]}
@@ -546,13 +552,7 @@ def test_a_shadow_is_told_at_once_even_while_the_lock_is_busy(cgd: Cgd) -> None:
 
 def test_a_primary_that_died_while_cgd_was_down_fails_over(start_cgd) -> None:
     cgd = start_cgd("dgx-h100")
-    allocate(cgd, {"name": "web", "claim": {"gpus": 1}, "command": worker_cmd()})
-    allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
-    primary = wait_for(lambda: cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"])[0]
-    shadow = wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["pids"])[0]
-    shadow_log = cgd.log_dir / "web-standby" / "0.out"
-    wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
-    wait_for(lambda: time.time() - psutil.Process(shadow).create_time() >= 1.1)
+    primary, shadow, shadow_log = web_with_shadow(cgd)
     cgd.kill9()
     os.kill(primary, signal.SIGKILL)
     cgd.start()
