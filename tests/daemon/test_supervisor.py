@@ -261,7 +261,6 @@ def test_stop_worker_waits_for_a_child_that_outlives_it_then_kills_it(tmp_path: 
         began = time.monotonic()
         await sup.stop_worker("orphaning.0", timeout=0.5)
         took = time.monotonic() - began
-        print(f"stop of a worker whose child ignores SIGTERM took {took:.3f} s")
         assert gone(started.pid) and gone(child)
         assert 0.5 <= took < 3.0
 
