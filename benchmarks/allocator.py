@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.allocator import Allocator, PlacementError
-from daemon.claims import Claim
-from topology import load_machine
-from topology.model import Machine
+from computegroups.daemon.placement.allocator import Allocator, PlacementError
+from computegroups.daemon.model.claims import Claim
+from computegroups.topology import load_machine
+from computegroups.topology.model import Machine
 
 GIB = 1024
 

@@ -13,7 +13,7 @@ import time
 from benchmarks import allocator as alloc
 from benchmarks import statefiles
 from benchmarks.report import Table, ms, percentile, ratio
-from topology.model import Machine
+from computegroups.topology.model import Machine
 
 
 def decisions(quick: bool) -> Table:

@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
-from statefiles import (
+from computegroups.statefiles import (
     ComponentRecord,
     DeviceRecord,
     GroupRecord,
@@ -36,7 +36,7 @@ from statefiles import (
     StateStore,
     WorkerRecord,
 )
-from statefiles.fileformat import encode_body, seal
+from computegroups.statefiles.fileformat import encode_body, seal
 
 SIZES = (10, 100, 1000)
 GPUS = 8

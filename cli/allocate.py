@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from cli.connect import client, emit_json, emit_lines, json_wanted, talking
-from cli.options import (
+from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
+from computegroups.cli.options import (
     DurationType,
     attach_options,
     build_component,
@@ -17,8 +17,8 @@ from cli.options import (
     process_options,
     shape_options,
 )
-from cli.render import component_json, component_text, devices_label
-from daemon.client.sync import CgdClient
+from computegroups.cli.render import component_json, component_text, devices_label
+from computegroups.daemon.client.sync import CgdClient
 
 
 @click.command()

@@ -16,9 +16,9 @@ from typing import IO, Any, NoReturn
 
 import click
 
-from cli.context import CliContext
-from daemon.client.errors import ClientError
-from daemon.client.sync import CgdClient
+from computegroups.cli.context import CliContext
+from computegroups.daemon.client.errors import ClientError
+from computegroups.daemon.client.sync import CgdClient
 
 
 class Failed(click.ClickException):

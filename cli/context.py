@@ -1,7 +1,7 @@
 """What every cgctl command gets from the global options.
 
 Frozen so a command cannot change what the next one sees; the attribute
-names (`socket`, `simulate`, `json`) are the ones `cli.connect` reads.
+names (`socket`, `simulate`, `json`) are the ones `computegroups.cli.connect` reads.
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from urllib.parse import quote
 
 import click
 
-from cli.connect import client, emit_json, emit_lines, fail, json_wanted, talking
-from cli.render import devices_label, owner_name, table
-from daemon.client.sync import CgdClient
-from daemon.client.wire import Request
+from computegroups.cli.connect import client, emit_json, emit_lines, fail, json_wanted, talking
+from computegroups.cli.render import devices_label, owner_name, table
+from computegroups.daemon.client.sync import CgdClient
+from computegroups.daemon.client.wire import Request
 
 Doc = Mapping[str, Any]
 REPLICA_KEYS = ("index", "role", "state", "restarts", "promotions", "groups", "cuda_visible_devices", "pids")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from cli.connect import client, emit_json, emit_lines, json_wanted, talking
+from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
 
 
 @click.command()

@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from cli.connect import (
+from computegroups.cli.connect import (
     client,
     complete_components,
     emit_json,

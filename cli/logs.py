@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from cli.connect import client, complete_components, json_wanted, talking
-from daemon.client.errors import CgdError
-from daemon.client.sync import CgdClient
+from computegroups.cli.connect import client, complete_components, json_wanted, talking
+from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.sync import CgdClient
 
 POLL_S = 0.5
 

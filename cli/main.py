@@ -2,7 +2,7 @@
 
 This file only declares the global options and registers the command
 modules; each command lives in its own module. Commands fail through
-`cli.connect.fail` (one line `cgctl: error: ...`, exit 1); click's own usage
+`computegroups.cli.connect.fail` (one line `cgctl: error: ...`, exit 1); click's own usage
 errors exit 2.
 """
 
@@ -12,17 +12,17 @@ import sys
 
 import click
 
-from cli.allocate import allocate, reserve
-from cli.context import CliContext
-from cli.deploy import apply, delete, get
-from cli.drain import drain
-from cli.env import env
-from cli.logs import logs
-from cli.release import release, restart, scale
-from cli.run import run
-from cli.service import install_service
-from cli.status import list_components, status
-from cli.topo import topo
+from computegroups.cli.allocate import allocate, reserve
+from computegroups.cli.context import CliContext
+from computegroups.cli.deploy import apply, delete, get
+from computegroups.cli.drain import drain
+from computegroups.cli.env import env
+from computegroups.cli.logs import logs
+from computegroups.cli.release import release, restart, scale
+from computegroups.cli.run import run
+from computegroups.cli.service import install_service
+from computegroups.cli.status import list_components, status
+from computegroups.cli.topo import topo
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

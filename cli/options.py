@@ -34,7 +34,7 @@ class SizeType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
-        from daemon.claims import (
+        from computegroups.daemon.model.claims import (
             parse_size,  # the daemon's own rule; loaded only when a size is given
         )
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from cli.connect import (
+from computegroups.cli.connect import (
     client,
     complete_components,
     emit_json,
@@ -15,10 +15,10 @@ from cli.connect import (
     json_wanted,
     talking,
 )
-from cli.deploy import deployment_names, emit_changed, scale_deployment
-from cli.render import component_json, component_text
-from daemon.client.errors import CgdError
-from daemon.client.sync import CgdClient
+from computegroups.cli.deploy import deployment_names, emit_changed, scale_deployment
+from computegroups.cli.render import component_json, component_text
+from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.sync import CgdClient
 
 
 @click.command()

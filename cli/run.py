@@ -17,11 +17,11 @@ from typing import Any
 
 import click
 
-from cli.connect import client, talking
-from cli.options import attach_options, build_component, claim_options, process_options
-from cli.render import component_text
-from daemon.client.errors import ClientError
-from daemon.client.sync import CgdClient
+from computegroups.cli.connect import client, talking
+from computegroups.cli.options import attach_options, build_component, claim_options, process_options
+from computegroups.cli.render import component_text
+from computegroups.daemon.client.errors import ClientError
+from computegroups.daemon.client.sync import CgdClient
 
 # Signals a user or a supervisor sends to stop "the program": passed to CMD.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

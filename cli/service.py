@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from cli.connect import emit_json, emit_lines, fail, json_wanted
+from computegroups.cli.connect import emit_json, emit_lines, fail, json_wanted
 
 UNIT_NAME = "computegroups.service"
 

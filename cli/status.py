@@ -6,8 +6,8 @@ import os
 
 import click
 
-from cli.connect import client, emit_json, emit_lines, json_wanted, talking
-from cli.render import colour_enabled, component_json, list_text, status_text, styler
+from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
+from computegroups.cli.render import colour_enabled, component_json, list_text, status_text, styler
 
 
 @click.command()

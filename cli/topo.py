@@ -11,10 +11,10 @@ import json
 
 import click
 
-from cli.connect import fail
-from cli.context import CliContext
-from topology.model import Machine
-from topology.ranges import format_ranges
+from computegroups.cli.connect import fail
+from computegroups.cli.context import CliContext
+from computegroups.topology.model import Machine
+from computegroups.topology.ranges import format_ranges
 
 LEGEND = (
     "  X    = Self",
@@ -32,8 +32,8 @@ LEGEND = (
 @click.pass_obj
 def topo(obj: CliContext) -> None:
     """Show GPUs, NVLink/PCIe links, NVLink islands and NUMA affinity."""
-    from topology import MachineFileError, NvmlUnavailable, load_machine
-    from topology.serialize import machine_to_dict
+    from computegroups.topology import MachineFileError, NvmlUnavailable, load_machine
+    from computegroups.topology.serialize import machine_to_dict
 
     try:
         machine = load_machine(obj.simulate)

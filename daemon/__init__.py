@@ -1,3 +1,1 @@
-"""cgd: the daemon, its placement engine, supervisor and client."""
-
-__version__ = "0.1.0"
+"""cgd: the daemon, its layers from the HTTP API down to the typed model, and its Python client."""

@@ -16,22 +16,22 @@ from pathlib import Path
 
 import filelock
 
-from daemon import sdnotify
-from daemon.config import DaemonConfig
-from daemon.deployment_ops import Deployments
-from daemon.deployment_routes import deployment_routes
-from daemon.health import HealthMonitor
-from daemon.manager import Manager
-from daemon.mps import MpsControl, MpsError
-from daemon.paths import UnsafeDirectory, cgd_runtime_dir
-from daemon.recovery import recover, shutdown
-from daemon.server import CgdApp, listen
-from daemon.supervisor import Supervisor
-from daemon.transactions import StateKeeper
-from daemon.workers import WorkerPaths
-from daemon.worklogs import rotate_all
-from statefiles.errors import StateError
-from statefiles.store import StateStore
+from computegroups.daemon import sdnotify
+from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.deployments.ops import Deployments
+from computegroups.daemon.api.deployments import deployment_routes
+from computegroups.daemon.core.health import HealthMonitor
+from computegroups.daemon.core.manager import Manager
+from computegroups.daemon.supervision.mps import MpsControl, MpsError
+from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir
+from computegroups.daemon.core.recovery import recover, shutdown
+from computegroups.daemon.api.server import CgdApp, listen
+from computegroups.daemon.supervision.supervisor import Supervisor
+from computegroups.daemon.core.transactions import StateKeeper
+from computegroups.daemon.core.workers import WorkerPaths
+from computegroups.daemon.supervision.worklogs import rotate_all
+from computegroups.statefiles.errors import StateError
+from computegroups.statefiles.store import StateStore
 
 log = logging.getLogger("cgd")
 
@@ -84,8 +84,8 @@ class InstanceLock:
 
 def open_machine(opts: Options):
     """The gateway and machine, real or simulated, with the fallback rule."""
-    from topology import NvmlUnavailable, open_gateway
-    from topology.discovery import discover
+    from computegroups.topology import NvmlUnavailable, open_gateway
+    from computegroups.topology.discovery import discover
 
     try:
         gateway = open_gateway(opts.simulate)
@@ -135,8 +135,8 @@ class Daemon:
             raise
 
     async def _start(self) -> None:
-        from topology.serialize import machine_to_dict
-        from topology.telemetry import Telemetry
+        from computegroups.topology.serialize import machine_to_dict
+        from computegroups.topology.telemetry import Telemetry
 
         opts = self.opts
         self.gateway, machine = open_machine(opts)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import click
 
-from daemon import paths
-from daemon.config import ConfigError, load_config
+from computegroups.daemon import paths
+from computegroups.daemon.model.config import ConfigError, load_config
 
 log = logging.getLogger("cgd")
 
@@ -82,9 +82,9 @@ def setup_logging(verbose: bool) -> None:
 @click.version_option(package_name="computegroups", prog_name="cgd")
 def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, keep_workers, verbose) -> None:
     """Run the computegroups daemon in the foreground."""
-    from daemon.lifecycle import Options, StartupError
-    from daemon.server import SocketInUse, refuse_live_socket
-    from statefiles.paths import default_state_dir
+    from computegroups.daemon.lifecycle import Options, StartupError
+    from computegroups.daemon.api.server import SocketInUse, refuse_live_socket
+    from computegroups.statefiles.paths import default_state_dir
 
     setup_logging(verbose)
     raise_nofile_limit()
@@ -121,7 +121,7 @@ def _fail(message: str) -> None:
 
 
 async def _run(opts) -> int:
-    from daemon.lifecycle import Daemon
+    from computegroups.daemon.lifecycle import Daemon
 
     daemon = Daemon(opts)
     await daemon.start()

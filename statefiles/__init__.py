@@ -5,15 +5,15 @@ read them with `StateStore.load()`. The format and the guarantees are
 described in docs/state-files.md.
 """
 
-from statefiles.errors import (
+from computegroups.statefiles.errors import (
     StateCorruptError,
     StateError,
     StateFormatError,
     StateLockedError,
     StateVersionError,
 )
-from statefiles.paths import default_state_dir, resolve_state_dir
-from statefiles.schema import (
+from computegroups.statefiles.paths import default_state_dir, resolve_state_dir
+from computegroups.statefiles.schema import (
     GROUP_STATES,
     ROLES,
     SCHEMA_VERSION,
@@ -28,7 +28,7 @@ from statefiles.schema import (
     WorkerRecord,
     worker_key,
 )
-from statefiles.store import StateStore, Transaction, mark_lost, missing_gpus
+from computegroups.statefiles.store import StateStore, Transaction, mark_lost, missing_gpus
 
 __all__ = [
     "GROUP_STATES",

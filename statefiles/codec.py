@@ -21,7 +21,7 @@ from dataclasses import fields, is_dataclass
 from functools import cache
 from typing import Any, TypeVar
 
-from statefiles.errors import StateFormatError
+from computegroups.statefiles.errors import StateFormatError
 
 T = TypeVar("T")
 Convert = Callable[[Any], Any]

@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from statefiles.codec import describe
-from statefiles.errors import StateFormatError, StateVersionError
-from statefiles.migrations import migrate
-from statefiles.schema import SCHEMA_VERSION, StateDoc
+from computegroups.statefiles.codec import describe
+from computegroups.statefiles.errors import StateFormatError, StateVersionError
+from computegroups.statefiles.migrations import migrate
+from computegroups.statefiles.schema import SCHEMA_VERSION, StateDoc
 
 CHECKSUM_KEY = "checksum"
 _HEAD_KEYS = ("schema_version", "generation")

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from statefiles.codec import describe
-from statefiles.errors import StateFormatError
-from statefiles.schema import SCHEMA_VERSION
+from computegroups.statefiles.codec import describe
+from computegroups.statefiles.errors import StateFormatError
+from computegroups.statefiles.schema import SCHEMA_VERSION
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 

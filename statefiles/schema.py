@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from statefiles.codec import Invalid, check_choices, check_range, from_json, key_step, to_json
+from computegroups.statefiles.codec import Invalid, check_choices, check_range, from_json, key_step, to_json
 
 SCHEMA_VERSION = 1
 """The version this code writes. Older files are migrated on load (see `migrations.py`)."""

@@ -27,9 +27,9 @@ from types import TracebackType
 import filelock
 import psutil
 
-from statefiles.errors import StateCorruptError, StateError, StateFormatError, StateLockedError, StateVersionError
-from statefiles.fileformat import Decoded, decode, encode_body, seal
-from statefiles.schema import SCHEMA_VERSION, StateDoc
+from computegroups.statefiles.errors import StateCorruptError, StateError, StateFormatError, StateLockedError, StateVersionError
+from computegroups.statefiles.fileformat import Decoded, decode, encode_body, seal
+from computegroups.statefiles.schema import SCHEMA_VERSION, StateDoc
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """NVML -> `Machine`: the one discovery, for real boxes and simulated ones.
 
 Rules that keep one bad GPU or one old driver from sinking discovery:
-- a call the GPU or driver cannot answer (`topology.nvml.UNSUPPORTED`) makes
+- a call the GPU or driver cannot answer (`computegroups.topology.nvml.UNSUPPORTED`) makes
   that field `None` and nothing else;
 - any other NVML error while reading a GPU (lost, unknown, reset required)
   moves that GPU to `Machine.lost_gpus` with the reason;
@@ -22,8 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
-from topology.model import Gpu, Link, LostGpu, Machine, MigDevice, PcieLevel
-from topology.nvml import (
+from computegroups.topology.model import Gpu, Link, LostGpu, Machine, MigDevice, PcieLevel
+from computegroups.topology.nvml import (
     UNSUPPORTED,
     NVMLError,
     NVMLError_GpuIsLost,

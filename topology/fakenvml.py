@@ -12,7 +12,7 @@ lacking it would.
 
 Tests can make chosen calls unsupported, remove functions (an older driver),
 lose a GPU at a chosen call or fail `nvmlInit`; faults for the health loop
-come from the `CG_SIM_FAULTS` file (see `topology.simfaults`).
+come from the `CG_SIM_FAULTS` file (see `computegroups.topology.simfaults`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from topology import nvml
-from topology.machinefile import (
+from computegroups.topology import nvml
+from computegroups.topology.machinefile import (
     GpuSpec,
     MachineFileError,
     MachineSpec,
     load_machine_spec,
 )
-from topology.simfaults import FaultSource
+from computegroups.topology.simfaults import FaultSource
 
 _nv = nvml.real_binding()
 _MIB = 1024 * 1024

@@ -20,10 +20,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, NoReturn
 
-from topology.model import PcieLevel
-from topology.ranges import parse_ranges
+from computegroups.topology.model import PcieLevel
+from computegroups.topology.ranges import parse_ranges
 
-MACHINES_DIR = ("topology", "machines")
+MACHINES_DIR = ("computegroups.topology", "machines")
 MAX_GPUS = 1024
 
 

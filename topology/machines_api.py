@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import os
 
-from topology.discovery import discover
-from topology.fakenvml import FakeNvml
-from topology.machinefile import (
+from computegroups.topology.discovery import discover
+from computegroups.topology.fakenvml import FakeNvml
+from computegroups.topology.machinefile import (
     MachineFileError,
     load_machine_spec,
     simulated_machine_names,
 )
-from topology.model import Machine
-from topology.nvml import NvmlGateway, NvmlUnavailable
+from computegroups.topology.model import Machine
+from computegroups.topology.nvml import NvmlGateway, NvmlUnavailable
 
 SIMULATE_ENV = "CG_SIMULATE"
 

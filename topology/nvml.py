@@ -2,7 +2,7 @@
 
 Only this module imports `pynvml`: everything else reaches the driver through
 an `NvmlGateway`, which can wrap the real binding or the fake of
-`topology.fakenvml`, so discovery and telemetry run the same code on a real
+`computegroups.topology.fakenvml`, so discovery and telemetry run the same code on a real
 box and on a simulated one. NVML is started lazily and once (under a lock, as
 several daemon threads may sample at the same time) and shut down at close or
 at interpreter exit. `query` turns "this GPU cannot tell" into a default, so a
@@ -34,7 +34,7 @@ from pynvml import (
     NVMLError_Unknown,
 )
 
-from topology.machinefile import simulated_machine_names
+from computegroups.topology.machinefile import simulated_machine_names
 
 __all__ = [
     "UNSUPPORTED",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from topology.model import Gpu, Link, LostGpu, Machine, MigDevice, PcieLevel
+from computegroups.topology.model import Gpu, Link, LostGpu, Machine, MigDevice, PcieLevel
 
 
 def machine_to_dict(machine: Machine) -> dict[str, Any]:

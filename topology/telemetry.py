@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from topology.nvml import (
+from computegroups.topology.nvml import (
     UNSUPPORTED,
     NVMLError,
     NVMLError_Timeout,

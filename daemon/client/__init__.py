@@ -14,16 +14,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from daemon.client.errors import CgdError, CgdNotRunning, CgdUnreachable, ClientError
-from daemon.client.sync import CgdClient
+from computegroups.daemon.client.errors import CgdError, CgdNotRunning, CgdUnreachable, ClientError
+from computegroups.daemon.client.sync import CgdClient
 
 _LAZY = {
-    "AsyncCgdClient": "daemon.client.aio",
-    "ComputeGroupManager": "daemon.client.manager",
-    "ComputeGroup": "daemon.client.models",
-    "ComputeNode": "daemon.client.models",
-    "ComputeResourceProvider": "daemon.client.providers",
-    "LocalComputeResourceProvider": "daemon.client.providers",
+    "AsyncCgdClient": "computegroups.daemon.client.aio",
+    "ComputeGroupManager": "computegroups.daemon.client.manager",
+    "ComputeGroup": "computegroups.daemon.client.models",
+    "ComputeNode": "computegroups.daemon.client.models",
+    "ComputeResourceProvider": "computegroups.daemon.client.providers",
+    "LocalComputeResourceProvider": "computegroups.daemon.client.providers",
 }
 
 __all__ = [

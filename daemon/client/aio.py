@@ -14,11 +14,11 @@ import os
 from collections.abc import Awaitable
 from typing import Any
 
-from daemon.client.endpoints import Endpoints
-from daemon.client.errors import CgdUnreachable
-from daemon.client.locate import client_socket_path
-from daemon.client.sync import DEFAULT_TIMEOUT_S, connection_error
-from daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
+from computegroups.daemon.client.endpoints import Endpoints
+from computegroups.daemon.client.errors import CgdUnreachable
+from computegroups.daemon.client.locate import client_socket_path
+from computegroups.daemon.client.sync import DEFAULT_TIMEOUT_S, connection_error
+from computegroups.daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
 
 
 class AsyncCgdClient(Endpoints[Awaitable[Any]]):

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlencode
 
-from daemon.client.wire import Request
+from computegroups.daemon.client.wire import Request
 
 R = TypeVar("R")
 Json = Any

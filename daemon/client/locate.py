@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from daemon.paths import socket_path
+from computegroups.daemon.paths import socket_path
 
 
 def client_socket_path(explicit: str | os.PathLike[str] | None = None) -> Path:

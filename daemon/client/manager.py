@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.client.models import ComputeGroup, ComputeNode
-from daemon.client.providers import (
+from computegroups.daemon.client.models import ComputeGroup, ComputeNode
+from computegroups.daemon.client.providers import (
     ComputeResourceProvider,
     LocalComputeResourceProvider,
 )

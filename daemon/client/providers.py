@@ -18,9 +18,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from daemon.client.aio import AsyncCgdClient
-from daemon.client.errors import CgdError
-from daemon.client.sync import DEFAULT_TIMEOUT_S
+from computegroups.daemon.client.aio import AsyncCgdClient
+from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.sync import DEFAULT_TIMEOUT_S
 
 Json = Any
 GROUP_FILTERS = ("component", "state", "gpu")

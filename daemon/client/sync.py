@@ -11,10 +11,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from daemon.client.endpoints import Endpoints
-from daemon.client.errors import CgdNotRunning, CgdUnreachable
-from daemon.client.locate import client_socket_path
-from daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
+from computegroups.daemon.client.endpoints import Endpoints
+from computegroups.daemon.client.errors import CgdNotRunning, CgdUnreachable
+from computegroups.daemon.client.locate import client_socket_path
+from computegroups.daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
 
 DEFAULT_TIMEOUT_S = 60.0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
-from daemon.client.errors import CgdError
+from computegroups.daemon.client.errors import CgdError
 
 Json = Any
 

@@ -1,4 +1,4 @@
-"""The parts of the allocator; `daemon.allocator` is the public entry.
+"""The parts of the allocator; `computegroups.daemon.placement.allocator` is the public entry.
 
 - `records`: the values handed out (placements, holdings, errors);
 - `ledger`: what is in use, per GPU;

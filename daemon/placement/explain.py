@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from topology.model import DomainKind
+from computegroups.topology.model import DomainKind
 
 DOMAIN_NAMES = {
     DomainKind.NVLINK: ("NVLink island", "NVLink islands", "NVLink-colocated"),

@@ -7,12 +7,12 @@ machine and the configuration only.
 
 from __future__ import annotations
 
-from daemon.claims import AllocatorConfig, Claim
-from daemon.placement.explain import colocated, domain_name, gpus_phrase, mib
-from daemon.placement.records import NeverFits
-from daemon.placement.shares import may_use_mig
-from daemon.placement.topo import Topo
-from topology.model import DomainKind
+from computegroups.daemon.model.claims import AllocatorConfig, Claim
+from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase, mib
+from computegroups.daemon.placement.records import NeverFits
+from computegroups.daemon.placement.shares import may_use_mig
+from computegroups.daemon.placement.topo import Topo
+from computegroups.topology.model import DomainKind
 
 
 def check_ever(topo: Topo, config: AllocatorConfig, claim: Claim, groups: int) -> None:

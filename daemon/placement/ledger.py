@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from daemon.placement.records import Holding
-from topology.model import Machine
+from computegroups.daemon.placement.records import Holding
+from computegroups.topology.model import Machine
 
 
 class Ledger:

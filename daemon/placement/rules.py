@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from daemon.claims import AffinityTerm, AllocatorConfig, Claim
-from daemon.placement.explain import domain_name
-from daemon.placement.ledger import Ledger
-from daemon.placement.records import Holding
-from daemon.placement.topo import Topo
+from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim
+from computegroups.daemon.placement.explain import domain_name
+from computegroups.daemon.placement.ledger import Ledger
+from computegroups.daemon.placement.records import Holding
+from computegroups.daemon.placement.topo import Topo
 
 
 class Rules:

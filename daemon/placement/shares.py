@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from daemon.claims import Claim, Strategy
-from daemon.placement.explain import domain_name, mib, reasons_text
-from daemon.placement.records import DeviceShare, Score
-from daemon.placement.rules import Rules
-from daemon.placement.topo import Topo
-from daemon.placement.wholes import StageCosts
-from topology.model import MigDevice
+from computegroups.daemon.model.claims import Claim, Strategy
+from computegroups.daemon.placement.explain import domain_name, mib, reasons_text
+from computegroups.daemon.placement.records import DeviceShare, Score
+from computegroups.daemon.placement.rules import Rules
+from computegroups.daemon.placement.topo import Topo
+from computegroups.daemon.placement.wholes import StageCosts
+from computegroups.topology.model import MigDevice
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from math import comb
 
-from topology.model import DomainKind, Machine, PcieLevel
+from computegroups.topology.model import DomainKind, Machine, PcieLevel
 
 PLACEMENT_KINDS = (DomainKind.NVLINK, DomainKind.PCIE, DomainKind.NUMA)
 

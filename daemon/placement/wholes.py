@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-from daemon.claims import Claim, Strategy
-from daemon.placement.explain import colocated, domain_name, gpus_phrase, reasons_text
-from daemon.placement.records import Score
-from daemon.placement.rules import Rules
-from daemon.placement.search import Problem, best_subset
-from daemon.placement.topo import Topo
+from computegroups.daemon.model.claims import Claim, Strategy
+from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase, reasons_text
+from computegroups.daemon.placement.records import Score
+from computegroups.daemon.placement.rules import Rules
+from computegroups.daemon.placement.search import Problem, best_subset
+from computegroups.daemon.placement.topo import Topo
 
 
 @dataclass(frozen=True)

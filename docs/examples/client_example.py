@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from daemon.client import CgdError, ComputeGroupManager, LocalComputeResourceProvider
+from computegroups.daemon.client import CgdError, ComputeGroupManager, LocalComputeResourceProvider
 
 
 async def main(socket_path: str | None) -> None:

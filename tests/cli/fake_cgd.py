@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from daemon.client.endpoints import Endpoints
-from daemon.client.errors import CgdError
-from daemon.client.wire import Request
+from computegroups.daemon.client.endpoints import Endpoints
+from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.wire import Request
 
 Answer = Any | CgdError | Callable[[Request], Any]
 
@@ -43,5 +43,5 @@ class FakeCgd(Endpoints[Any]):
 
 def install(monkeypatch: pytest.MonkeyPatch) -> FakeCgd:
     fake = FakeCgd()
-    monkeypatch.setattr("cli.connect.CgdClient", lambda *args, **kwargs: fake)
+    monkeypatch.setattr("computegroups.cli.connect.CgdClient", lambda *args, **kwargs: fake)
     return fake

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from cli.main import cli
-from daemon.client.errors import CgdError
+from computegroups.cli.main import cli
+from computegroups.daemon.client.errors import CgdError
 from tests.cli.fake_cgd import FakeCgd, install
 from tests.cli.samples import component, status
 
@@ -185,7 +185,7 @@ def test_reserve(cgd: FakeCgd) -> None:
 
 
 def test_logs_once_and_followed_until_released(cgd: FakeCgd, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("cli.logs.POLL_S", 0)
+    monkeypatch.setattr("computegroups.cli.logs.POLL_S", 0)
     reads = iter([{"path": "p", "offset": 6, "size": 6, "data": "hello\n"},
                   {"path": "p", "offset": 12, "size": 12, "data": "world\n"},
                   CgdError(404, "not_found", "no component named 'web'")])

@@ -11,9 +11,9 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from cli.context import CliContext
-from cli.deploy import apply, delete, deployment_json, get, scale_deployment
-from daemon.client.errors import CgdError
+from computegroups.cli.context import CliContext
+from computegroups.cli.deploy import apply, delete, deployment_json, get, scale_deployment
+from computegroups.daemon.client.errors import CgdError
 from tests.cli.fake_cgd import FakeCgd, install
 
 FILE = """

@@ -261,7 +261,7 @@ def _children(pid: int) -> list[int]:
 # where that uid cannot read, so a root Python imports cgctl, then drops to nobody.
 AS_NOBODY = textwrap.dedent("""
     import os, sys
-    from cli.main import cli
+    from computegroups.cli.main import cli
     os.setgroups([]); os.setgid(65534); os.setuid(65534)
     cli(sys.argv[1:], prog_name="cgctl")
 """)

@@ -8,7 +8,7 @@ from typing import Any
 import click
 import pytest
 
-from cli.options import (
+from computegroups.cli.options import (
     AffinityType,
     DurationType,
     EnvType,

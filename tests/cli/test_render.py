@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cli.render import (
+from computegroups.cli.render import (
     bar,
     colour_enabled,
     component_json,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.run import _signals_held, child_env, run_child
+from computegroups.cli.run import _signals_held, child_env, run_child
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ DRIVER = textwrap.dedent("""
     import fcntl, os, sys, termios
     if sys.argv[2] == "tty":
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-    from cli.run import _signals_held, run_child
+    from computegroups.cli.run import _signals_held, run_child
     with _signals_held() as previous:
         code = run_child([sys.executable, "-c", sys.argv[3], sys.argv[1]], os.environ, None, previous)
     print(f"code={code}", flush=True)

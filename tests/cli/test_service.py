@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli.main import cli
-from cli.service import find_cgd, unit_text
+from computegroups.cli.main import cli
+from computegroups.cli.service import find_cgd, unit_text
 
 
 def test_print_shows_a_system_unit_running_the_installed_cgd(tmp_path: Path) -> None:

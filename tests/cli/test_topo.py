@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from cli.main import cli
-from topology.nvml import NvmlGateway, NvmlUnavailable
+from computegroups.cli.main import cli
+from computegroups.topology.nvml import NvmlGateway, NvmlUnavailable
 
 DGX1_NV1 = {(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)}
 DGX1_NV2 = {(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)}

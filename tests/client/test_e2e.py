@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.client import (
+from computegroups.daemon.client import (
     AsyncCgdClient,
     CgdClient,
     CgdError,

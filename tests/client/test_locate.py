@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.client import locate
+from computegroups.daemon.client import locate
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from daemon.client.manager import ComputeGroupManager
-from daemon.client.models import ComputeGroup
-from daemon.client.providers import ComputeResourceProvider
+from computegroups.daemon.client.manager import ComputeGroupManager
+from computegroups.daemon.client.models import ComputeGroup
+from computegroups.daemon.client.providers import ComputeResourceProvider
 
 
 def _device(index: int, memory: int = 81559, pct: int = 100, whole: bool = True) -> dict[str, Any]:

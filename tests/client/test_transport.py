@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from daemon.client.aio import AsyncCgdClient
-from daemon.client.errors import CgdError, CgdNotRunning, CgdUnreachable
-from daemon.client.sync import CgdClient
+from computegroups.daemon.client.aio import AsyncCgdClient
+from computegroups.daemon.client.errors import CgdError, CgdNotRunning, CgdUnreachable
+from computegroups.daemon.client.sync import CgdClient
 from tests.client.fake_socket import FakeSocket, http_answer
 
 

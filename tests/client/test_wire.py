@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from daemon.client.errors import CgdError
-from daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
+from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
 
 
 def test_request_with_body_sends_json_and_its_length() -> None:

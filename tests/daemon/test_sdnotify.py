@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.sdnotify import notify, watchdog_interval
+from computegroups.daemon.sdnotify import notify, watchdog_interval
 
 
 @pytest.fixture

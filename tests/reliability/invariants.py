@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from statefiles.schema import StateDoc
-from statefiles.store import StateStore
+from computegroups.statefiles.schema import StateDoc
+from computegroups.statefiles.store import StateStore
 from tests.daemon_fixture import Cgd
 
 

@@ -219,15 +219,16 @@ def cgctl_for(user: User, scratch: Path) -> list[str]:
 
     root = Path(__file__).parents[2]
     tree = scratch / "cgctl"
+    shutil.copytree(root / "daemon" / "root", tree / "computegroups", ignore=shutil.ignore_patterns("__pycache__"))
     for package in ("cli", "daemon", "topology", "statefiles"):
-        shutil.copytree(root / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(root / package, tree / "computegroups" / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(Path(click.__file__).parent, tree / "click", ignore=shutil.ignore_patterns("__pycache__"))
     for path in (scratch, *tree.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     for python in (shutil.which(version, path="/usr/local/bin:/usr/bin"), shutil.which("python3", path="/usr/bin")):
         argv = [python or "", "-c", f"import sys; sys.path.insert(0, {str(tree)!r}); "
-                "sys.argv[0] = 'cgctl'; from cli.main import main; main()"]
+                "sys.argv[0] = 'cgctl'; from computegroups.cli.main import main; main()"]
         if python and runs([*argv, "--help"], env={"PATH": "/usr/bin:/bin"}):
             return argv
     pytest.skip(f"neither {sys.executable} nor a system {version} can be run by {USER}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from statefiles import StateStore
+from computegroups.statefiles import StateStore
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from statefiles import (
+from computegroups.statefiles import (
     ComponentRecord,
     DeploymentRecord,
     DeviceRecord,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from statefiles import StateCorruptError, StateDoc, StateStore, StateVersionError
+from computegroups.statefiles import StateCorruptError, StateDoc, StateStore, StateVersionError
 from tests.statefiles.samples import commit, populated_doc
 
 
@@ -82,7 +82,7 @@ def test_a_bad_state_file_falls_back_to_the_backup_loudly(
     store = two_generations
     spoil, reason = damage
     store.path.write_bytes(spoil(store.path.read_bytes()))
-    with caplog.at_level(logging.WARNING, logger="statefiles"):
+    with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
         doc = store.load()
     assert doc.generation == 1
     assert doc.groups["web-1"].state == "draining"
@@ -97,7 +97,7 @@ def test_writing_after_a_fallback_keeps_the_bad_file_and_the_good_backup(
     store = two_generations
     store.path.write_bytes(b"{ not json")
     backup = store.backup_path.read_bytes()
-    with caplog.at_level(logging.WARNING, logger="statefiles"), store.transaction() as doc:
+    with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"), store.transaction() as doc:
         doc.drained = ()
     assert store.load().generation == 2
     assert store.backup_path.read_bytes() == backup
@@ -109,7 +109,7 @@ def test_a_missing_state_file_with_a_backup_uses_the_backup(
         two_generations: StateStore, caplog: pytest.LogCaptureFixture) -> None:
     store = two_generations
     store.path.unlink()
-    with caplog.at_level(logging.WARNING, logger="statefiles"):
+    with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
         assert store.load().generation == 1
     assert "missing" in caplog.text and str(store.backup_path) in caplog.text
 
@@ -158,7 +158,7 @@ def test_a_hand_edited_file_without_checksum_loads_with_a_warning_and_is_sealed_
     del data["checksum"]
     data["groups"]["web-1"]["state"] = "degraded"
     store.path.write_text(json.dumps(data, indent=4))
-    with caplog.at_level(logging.WARNING, logger="statefiles"):
+    with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
         assert store.load().groups["web-1"].state == "degraded"
     assert "no checksum" in caplog.text
     with store.transaction():
@@ -216,7 +216,7 @@ def test_a_file_cut_anywhere_falls_back_to_the_backup(two_generations: StateStor
     cuts = sorted({*range(0, len(whole), max(1, len(whole) // 300)), *range(len(whole) - 80, len(whole) - 1)})
     for cut in cuts:
         store.path.write_bytes(whole[:cut])
-        with caplog.at_level(logging.WARNING, logger="statefiles"):
+        with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
             assert store.load().generation == 1, f"cut at byte {cut}"
     store.path.write_bytes(whole[:-1])
     assert store.load().generation == 2, "only the final newline lost: nothing is missing"

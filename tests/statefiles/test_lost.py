@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from statefiles import StateStore, mark_lost, missing_gpus
+from computegroups.statefiles import StateStore, mark_lost, missing_gpus
 from tests.statefiles.samples import UUIDS, commit, populated_doc
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from statefiles import SCHEMA_VERSION, StateCorruptError, StateFormatError, StateStore
-from statefiles.migrations import MIGRATIONS, migrate, migration
+from computegroups.statefiles import SCHEMA_VERSION, StateCorruptError, StateFormatError, StateStore
+from computegroups.statefiles.migrations import MIGRATIONS, migrate, migration
 from tests.statefiles.samples import UUIDS, populated_doc
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from statefiles import default_state_dir, resolve_state_dir
+from computegroups.statefiles import default_state_dir, resolve_state_dir
 
 
 @pytest.fixture(autouse=True)

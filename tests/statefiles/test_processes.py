@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from statefiles import StateLockedError, StateStore
+from computegroups.statefiles import StateLockedError, StateStore
 from tests.statefiles.child import content_for
 
 CHILD = Path(__file__).with_name("child.py")
@@ -66,7 +66,7 @@ def test_a_writer_killed_at_random_moments_never_loses_an_acknowledged_write(
     kills, writes, deadline = 0, 0, time.monotonic() + 25
     outcomes = {"between commits": 0, "during a write": 0, "after a commit, before its acknowledgement": 0}
     durable = 0
-    with caplog.at_level(logging.WARNING, logger="statefiles"):
+    with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
         while (kills < 40 or writes < 400) and time.monotonic() < deadline:
             writer = Writer(tmp_path)
             assert writer.first.wait(20), "the writer never committed"
@@ -150,7 +150,7 @@ def test_readers_never_see_half_a_file(tmp_path: Path, caplog: pytest.LogCapture
         store = StateStore(tmp_path)
         seen: list[int] = []
         stop = time.monotonic() + 1.5
-        with caplog.at_level(logging.WARNING, logger="statefiles"):
+        with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
             while time.monotonic() < stop:
                 doc = store.load()
                 assert doc == content_for(doc.generation)

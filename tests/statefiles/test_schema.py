@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statefiles import (
+from computegroups.statefiles import (
     DeviceRecord,
     GroupRecord,
     StateDoc,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from statefiles import (
+from computegroups.statefiles import (
     ComponentRecord,
     StateDoc,
     StateError,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from topology import load_machine, simulated_gateway
-from topology.discovery import discover
-from topology.fakenvml import FakeHandle, FakeNvml
-from topology.model import DomainKind, Machine, PcieLevel
-from topology.nvml import (
+from computegroups.topology import load_machine, simulated_gateway
+from computegroups.topology.discovery import discover
+from computegroups.topology.fakenvml import FakeHandle, FakeNvml
+from computegroups.topology.model import DomainKind, Machine, PcieLevel
+from computegroups.topology.nvml import (
     NVMLError_DriverNotLoaded,
     NVMLError_LibraryNotFound,
     NVMLError_Uninitialized,
@@ -23,7 +23,7 @@ from topology.nvml import (
     NvmlGateway,
     NvmlUnavailable,
 )
-from topology.ranges import parse_ranges
+from computegroups.topology.ranges import parse_ranges
 
 PIX, PXB, PHB, NODE, SYS = (PcieLevel.SINGLE, PcieLevel.MULTIPLE, PcieLevel.HOSTBRIDGE,
                             PcieLevel.NODE, PcieLevel.SYSTEM)

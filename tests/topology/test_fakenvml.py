@@ -5,8 +5,8 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from topology.fakenvml import FakeNvml
-from topology.machinefile import MachineFileError, parse_machine_file
+from computegroups.topology.fakenvml import FakeNvml
+from computegroups.topology.machinefile import MachineFileError, parse_machine_file
 
 
 @pytest.fixture

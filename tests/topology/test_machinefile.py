@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from topology.machinefile import (
+from computegroups.topology.machinefile import (
     MachineFileError,
     load_machine_spec,
     parse_machine_file,
     simulated_machine_names,
 )
-from topology.model import PcieLevel
-from topology.ranges import format_ranges, parse_ranges
+from computegroups.topology.model import PcieLevel
+from computegroups.topology.ranges import format_ranges, parse_ranges
 
 SHIPPED = {"dgx-h100", "dgx1-v100", "workstation-4x-pcie", "workstation-nvlink-pairs",
            "dgx-a100-mig", "cpu-only", "synthetic-72"}

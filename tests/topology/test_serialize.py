@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from topology import load_machine, simulated_machine_names
-from topology.model import Gpu, Link, Machine
-from topology.serialize import machine_from_dict, machine_to_dict
+from computegroups.topology import load_machine, simulated_machine_names
+from computegroups.topology.model import Gpu, Link, Machine
+from computegroups.topology.serialize import machine_from_dict, machine_to_dict
 
 TOP_KEYS = {"hostname", "source", "driver_version", "cuda_driver_version", "nvswitch", "gpus",
             "links", "nvlink_islands", "numa_nodes", "lost_gpus"}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from topology import open_gateway, simulated_gateway
-from topology.fakenvml import FakeNvml
-from topology.simfaults import FaultFileError
-from topology.telemetry import GpuProcess, Telemetry
+from computegroups.topology import open_gateway, simulated_gateway
+from computegroups.topology.fakenvml import FakeNvml
+from computegroups.topology.simfaults import FaultFileError
+from computegroups.topology.telemetry import GpuProcess, Telemetry
 
 FAULTS = {"xid": [{"gpu": 3, "code": 79}], "lost": [5],
           "processes": [{"gpu": 0, "pid": 1234, "used_memory_mib": 1000}],

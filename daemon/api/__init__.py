@@ -1,0 +1,1 @@
+"""Transport only: the HTTP listener on the Unix socket and its routes; bodies are decoded into the model here and nothing is decided."""

@@ -1,0 +1,155 @@
+"""What the GPUs and processes say, turned into decisions every few seconds.
+
+`assess` is pure (samples in, facts out) so the rules can be tested without a
+daemon; `HealthMonitor` runs it on a timer and asks the manager to act:
+drain failed GPUs, count foreign memory, catch workers over their share,
+release leases whose client died and reservations that expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from computegroups.daemon.model.config import HealthConfig
+from computegroups.topology.telemetry import GpuSample
+
+if TYPE_CHECKING:
+    from computegroups.daemon.core.manager import Manager
+
+log = logging.getLogger("cgd.health")
+
+
+@dataclass
+class GpuFacts:
+    health: str = "ok"
+    reasons: list[str] = field(default_factory=list)
+    foreign: list[dict[str, Any]] = field(default_factory=list)
+    over_share: list[dict[str, Any]] = field(default_factory=list)
+    temperature_c: int | None = None
+    used_by_worker: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "health": self.health, "reasons": list(self.reasons), "foreign": list(self.foreign),
+            "over_share": list(self.over_share), "temperature_c": self.temperature_c,
+        }
+
+
+def assess(
+    samples: tuple[GpuSample, ...], config: HealthConfig, worker_of_pid: Mapping[int, str],
+    shares: Mapping[tuple[str, int], int],
+) -> dict[int, GpuFacts]:
+    """Judge each GPU from one sample.
+
+    `worker_of_pid` maps the GPU processes cgd owns (workers and their
+    descendants) to their replica refs; `shares` gives (ref, gpu) -> MiB the replica may use
+    on that GPU when it holds a share rather than the whole device.
+    """
+    facts: dict[int, GpuFacts] = {}
+    for s in samples:
+        f = GpuFacts(temperature_c=s.temperature_c)
+        if s.lost:
+            f.health = "lost"
+            f.reasons.append("GPU is lost (fell off the bus or stopped answering)")
+        critical = [x for x in s.xid_errors if x in config.critical_xids]
+        if critical:
+            f.reasons.append("critical Xid " + ", ".join(str(x) for x in critical))
+        if config.drain_on_ecc and s.ecc_uncorrected:
+            f.reasons.append(f"{s.ecc_uncorrected} uncorrected ECC errors")
+        if s.remapped_rows_pending:
+            f.reasons.append("row remapping pending: reset the GPU")
+        if s.temperature_c is not None and s.temperature_c >= config.max_temperature_c:
+            f.reasons.append(f"temperature {s.temperature_c} C >= {config.max_temperature_c} C")
+        if f.reasons and f.health == "ok":
+            f.health = "failed"
+        for proc in s.processes:
+            ref = worker_of_pid.get(proc.pid)
+            if ref is None:
+                f.foreign.append({"pid": proc.pid, "used_memory_mib": proc.used_memory_mib})
+            else:
+                f.used_by_worker[ref] = f.used_by_worker.get(ref, 0) + (proc.used_memory_mib or 0)
+        for ref, used in sorted(f.used_by_worker.items()):
+            limit = shares.get((ref, s.index))
+            if limit is not None and used > limit:
+                f.over_share.append({"replica": ref, "used_memory_mib": used, "share_mib": limit})
+        facts[s.index] = f
+    return facts
+
+
+def owners_of(pids: Iterable[int], roots: Mapping[int, str]) -> dict[int, str]:
+    """The worker each of `pids` belongs to: itself, or an ancestor of it
+    (a CUDA process may be a worker's child).
+
+    Only the processes NVML reported are looked at, walking up their parents,
+    so a tick costs nothing per idle worker; the pids owned by no worker are
+    left out (foreign).
+    """
+    out: dict[int, str] = {}
+    for pid in pids:
+        current, hops = pid, 0
+        while current > 1 and current not in roots and hops < _MAX_DEPTH:
+            try:
+                current = psutil.Process(current).ppid()
+            except psutil.Error:
+                break
+            hops += 1
+        if current in roots:
+            out[pid] = roots[current]
+    return out
+
+
+_MAX_DEPTH = 64
+"""Deeper process trees than this are not followed: a guard against a pid loop read mid-reuse."""
+
+
+class HealthMonitor:
+    """The periodic loop; every decision it makes goes through the manager."""
+
+    def __init__(self, manager: Manager, telemetry, config: HealthConfig) -> None:
+        self.manager = manager
+        self.telemetry = telemetry
+        self.config = config
+        self.facts: dict[int, GpuFacts] = {}
+        self.last_sample: float | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("health check failed; trying again next interval")
+            await asyncio.sleep(self.config.interval_s)
+
+    async def tick(self) -> None:
+        samples: tuple[GpuSample, ...] = ()
+        if self.telemetry is not None:
+            samples = await asyncio.get_running_loop().run_in_executor(None, self.telemetry.sample)
+        roots, shares = self.manager.worker_pids_and_shares()
+        on_gpus = {p.pid for s in samples for p in s.processes}
+        self.facts = assess(samples, self.config, owners_of(on_gpus, roots), shares)
+        self.last_sample = self.manager.keeper.clock()
+        await self.manager.apply_health(self.facts)
+        await self.manager.expire()
+
+    def as_dict(self) -> dict[int, dict[str, Any]]:
+        return {index: f.as_dict() for index, f in self.facts.items()}

@@ -1,0 +1,187 @@
+"""Start-up after a crash or an upgrade: make the processes match the state.
+
+cgd may have died with `kill -9`, leaving workers running. On start it keeps
+every worker the state knows (same pid AND same start time, so a reused pid
+is never mistaken for one), starts the ones that died meanwhile, finishes
+releases that were cut short, and stops processes of a previous run that the
+state says should not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psutil
+
+from computegroups.daemon.core.manager import Manager, swap_roles
+from computegroups.daemon.core.transactions import remove_component
+from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
+from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
+from computegroups.statefiles.store import mark_lost
+
+log = logging.getLogger("cgd.recovery")
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    adopted: tuple[str, ...]
+    started: tuple[str, ...]
+    strays_stopped: tuple[int, ...]
+    lost_groups: tuple[str, ...]
+
+
+def instance_processes(instance: str) -> list[tuple[int, float, str]]:
+    """(pid, start time, replica ref) of every process carrying our marker.
+
+    Workers inherit `CG_INSTANCE` and so do their children, so a worker's
+    helpers are found even when the worker itself is gone.
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        if env.get(INSTANCE_VAR.encode()) != instance.encode():
+            continue
+        ref = replica_ref(env.get(b"CG_COMPONENT", b"?").decode(errors="replace"),
+                          int(env.get(b"CG_REPLICA", b"-1") or b"-1"))
+        try:
+            found.append((pid, psutil.Process(pid).create_time(), ref))
+        except psutil.Error:
+            continue
+    return found
+
+
+async def recover(manager: Manager) -> RecoveryReport:
+    keeper = manager.keeper
+    machine = keeper.machine
+    async with keeper.lock:
+        with keeper.transaction() as doc:
+            before = {gid for gid, g in doc.groups.items() if g.state == "lost"}
+            mark_lost(doc, {g.uuid for g in machine.gpus})
+            doc.machine = MachineFingerprint(hostname=machine.hostname, gpu_uuids=machine.fingerprint)
+            lost = sorted(gid for gid, g in doc.groups.items() if g.state == "lost" and gid not in before)
+            for gid in lost:
+                log.error("group %s is lost: one of its GPUs is no longer in this machine", gid)
+            lost_users = {u.split("/")[0] for gid, g in doc.groups.items() if g.state == "lost" for u in g.users}
+            for name in lost_users:
+                if name in doc.components:
+                    doc.components[name] = replace(doc.components[name], state="lost")
+
+        releasing = [c.name for c in keeper.doc.components.values() if c.state == "releasing"]
+        await asyncio.gather(*(
+            manager.supervisor.stop_stray(w.pid, w.create_time, 10.0)
+            for w in keeper.doc.workers.values() if w.component in releasing and w.pid and w.create_time
+        ))
+        if releasing:
+            with keeper.transaction() as doc:
+                for name in releasing:
+                    remove_component(doc, keeper, name, set(releasing))
+            log.warning("finished releasing %s, cut short by the previous run", ", ".join(releasing))
+
+        adopted, to_start = [], []
+        for ref, w in sorted(keeper.doc.workers.items()):
+            comp = keeper.doc.components.get(w.component)
+            if comp is None or comp.state == "lost":
+                continue
+            spec = build_spec(keeper.doc, comp, w.replica, w.role, manager.paths, keeper.config)
+            if w.pid and w.create_time and manager.supervisor.adopt(spec, w.pid, w.create_time):
+                adopted.append(ref)
+                manager.replica_states[ref] = "adopted"
+            else:
+                to_start.append(ref)
+
+        _fail_over(manager, to_start)
+        for ref in adopted:
+            _finish_promotion(manager, keeper.doc.workers[ref])
+
+        kept = {p for ref in adopted for p in _family(keeper.doc.workers[ref].pid)}
+        strays = [(pid, start, ref) for pid, start, ref in instance_processes(manager.paths.instance)
+                  if pid not in kept and pid != os.getpid()]
+        for pid, _, ref in strays:
+            log.warning("stopping pid %d (%s): the state says it should not run", pid, ref)
+        await asyncio.gather(*(manager.supervisor.stop_stray(pid, start, 10.0) for pid, start, _ in strays))
+
+        await manager.start_workers(to_start)
+    for ref in adopted:
+        log.info("adopted %s (pid %s) from the previous run", ref, keeper.doc.workers[ref].pid)
+    return RecoveryReport(tuple(adopted), tuple(to_start), tuple(pid for pid, _, _ in strays), tuple(lost))
+
+
+def _fail_over(manager: Manager, to_start: list[str]) -> None:
+    """Primaries that died while cgd was down hand over to their live shadows,
+    as they would have with cgd up; `_finish_promotion` then tells the shadows."""
+    keeper = manager.keeper
+    swaps = []
+    for ref in to_start:
+        w = keeper.doc.workers[ref]
+        partner = manager.standby_partner(keeper.doc, w.component, w.replica) if w.role == "primary" else None
+        if partner is not None:
+            swaps.append((ref, partner))
+    if swaps:
+        with keeper.transaction() as doc:
+            for dead, partner in swaps:
+                swap_roles(doc, dead, partner, keeper.clock())
+        for dead, partner in swaps:
+            log.warning("%s died while cgd was down: its shadow %s is primary now", dead, partner)
+
+
+def _finish_promotion(manager: Manager, worker: WorkerRecord) -> None:
+    """Make an adopted worker's role file say what the state says.
+
+    A promotion is committed before the role file is written and the signal
+    sent; a cgd killed in between leaves a primary whose file still says
+    shadow and which was never told. A missing file (the runtime directory
+    moved with `--socket`) is only written: a worker that never was a shadow
+    may have no handler for the promotion signal, whose default ends it.
+    """
+    path = manager.paths.role_file(worker.component, worker.replica)
+    try:
+        on_disk = path.read_text().strip()
+    except OSError:
+        on_disk = None
+    if on_disk == worker.role:
+        return
+    comp = manager.keeper.doc.components[worker.component]
+    write_role(manager.paths, worker.component, worker.replica, worker.role, comp.owner_uid, comp.owner_gid)
+    if worker.role == "primary" and on_disk == "shadow":
+        manager.supervisor.signal(watcher_key(worker.component, worker.replica), manager.config.promotion_signal)
+        log.warning("finished promoting %s, cut short by the previous run", worker.key)
+
+
+def _family(pid: int | None) -> set[int]:
+    if pid is None:
+        return set()
+    try:
+        return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return {pid}
+
+
+SHUTDOWN_WAIT_S = 30.0
+"""How long a stopping cgd lets releases, scale-ins and restarts in progress commit
+(well inside the units' TimeoutStopSec=90); one cut short is finished or undone at the next start."""
+
+
+async def shutdown(manager: Manager, keep_workers: bool) -> None:
+    """Stop every worker gracefully, or leave them all for the next cgd."""
+    if not await manager.wait_idle(SHUTDOWN_WAIT_S):
+        log.warning("stopping before operations in progress finished: %s", ", ".join(
+            f"{name} {why}" for name, why in sorted(manager.busy_components().items())))
+    async with manager.keeper.lock:
+        keys = [watcher_key(w.component, w.replica) for w in manager.keeper.doc.workers.values()]
+        manager._stopping.update(keys)
+        await manager.supervisor.stop(keep_workers=keep_workers)
+        if not keep_workers:
+            with manager.keeper.transaction() as doc:
+                for ref, w in doc.workers.items():
+                    doc.workers[ref] = replace(w, pid=None, create_time=None)

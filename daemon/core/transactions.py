@@ -1,0 +1,484 @@
+"""The decisions inside a state transaction, kept apart from processes.
+
+Each function here runs inside `StateKeeper.transaction()`: it reads the
+document, asks the allocator, and edits the document. The manager calls them
+under its lock and acts on processes only after the write is durable. A
+failed decision leaves both the state file and the allocator as they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
+
+from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement, PlacementError
+from computegroups.daemon.model.claims import Claim
+from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.deployments.plan import expand
+from computegroups.daemon.model.deployment import DeploymentSpec
+from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, InsufficientCapacity, NotFound, Unsatisfiable
+from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.core.workers import replica_groups, replica_ref
+from computegroups.statefiles.schema import (
+    ComponentRecord,
+    DeviceRecord,
+    GroupRecord,
+    ReservationRecord,
+    StateDoc,
+    WorkerRecord,
+)
+from computegroups.statefiles.store import StateStore
+from computegroups.topology.model import Machine
+
+log = logging.getLogger("cgd.manager")
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking, as the kernel says (SO_PEERCRED), never as the body says."""
+
+    pid: int
+    uid: int
+    gid: int
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+
+def group_ids_for(name: str, scope: str, replicas: range) -> list[str]:
+    if scope == "all-replicas":
+        return [f"{name}-all"]
+    return [f"{name}-{i}" for i in replicas]
+
+
+class StateKeeper:
+    """The state file plus the allocator that mirrors it, kept in step.
+
+    Every decision runs inside `transaction()`: if anything raises, the state
+    file is not written and the allocator is rebuilt from the last committed
+    document, so memory and disk never disagree.
+    """
+
+    def __init__(self, machine: Machine, store: StateStore, config: DaemonConfig,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.machine = machine
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.lock = asyncio.Lock()
+        self.doc: StateDoc = store.load()
+        self.unhealthy: set[int] = set()
+        self.foreign: dict[int, int] = {}
+        self.allocator = self._build_allocator(self.doc)
+
+    def _build_allocator(self, doc: StateDoc) -> Allocator:
+        allocator = Allocator(self.machine, self.config.allocator)
+        allocator.restore(self._holdings(doc))
+        allocator.set_unavailable(self.unavailable_gpus(doc))
+        allocator.set_foreign(self.foreign)
+        return allocator
+
+    def _holdings(self, doc: StateDoc) -> list[Holding]:
+        present = {g.uuid for g in self.machine.gpus}
+        out = []
+        for g in doc.groups.values():
+            if g.state == "lost" or any(d.gpu_uuid not in present for d in g.devices):
+                continue
+            out.append(Holding(
+                group_id=g.id,
+                devices=tuple(device_share(d) for d in g.devices),
+                owner=g.owner,
+                users=frozenset(u.split("/")[0] for u in g.users),
+                exclusive_domain=frozenset(g.exclusive_domain) if g.exclusive_domain else None,
+                priority=g.priority,
+                reserved=g.state == "reserved",
+            ))
+        return out
+
+    def unavailable_gpus(self, doc: StateDoc) -> set[int]:
+        by_uuid = {g.uuid: g.index for g in self.machine.gpus}
+        drained = {by_uuid[u] for u in doc.drained if u in by_uuid}
+        draining_groups = {
+            d.gpu_index for g in doc.groups.values() if g.state == "draining" for d in g.devices
+        }
+        return drained | draining_groups | self.unhealthy
+
+    @contextmanager
+    def transaction(self) -> Iterator[StateDoc]:
+        try:
+            with (txn := self.store.transaction()) as doc:
+                yield doc
+                self.allocator.set_unavailable(self.unavailable_gpus(doc))
+            self.doc = txn.committed
+        except PlacementError:
+            raise
+        except BaseException:
+            self.allocator = self._build_allocator(self.doc)
+            raise
+
+    def restore(self, earlier: StateDoc) -> None:
+        """Commit `earlier`'s content again, under a new generation, and rebuild the allocator from it."""
+        with self.transaction() as doc:
+            for f in fields(StateDoc):
+                if f.name not in ("schema_version", "generation"):
+                    setattr(doc, f.name, copy.deepcopy(getattr(earlier, f.name)))
+        self.allocator = self._build_allocator(self.doc)
+
+    def place(self, claim: Claim, group_ids: list[str], owner: str, *, reserved: bool = False) -> tuple[Placement, ...]:
+        """The allocator's answer, with its two refusals turned into API errors."""
+        try:
+            return self.allocator.allocate(claim, group_ids, owner, reserved=reserved)
+        except NeverFits as exc:
+            raise Unsatisfiable(str(exc)) from None
+        except DoesNotFitNow as exc:
+            raise InsufficientCapacity(str(exc)) from None
+        except ValueError as exc:
+            raise Conflict(str(exc)) from None
+
+
+def device_share(d: DeviceRecord):
+    from computegroups.daemon.placement.allocator import DeviceShare
+
+    return DeviceShare(gpu=d.gpu_index, mig_uuid=d.mig_uuid, memory_mib=d.memory_mib,
+                       compute_pct=d.compute_pct, whole=d.whole)
+
+
+def group_record(
+    machine: Machine, placement: Placement, claim: Claim, *, owner: str, owner_uid: int,
+    owner_gid: int, users: tuple[str, ...], scope: str, replica: int | None, state: str,
+    created: float,
+) -> GroupRecord:
+    devices = tuple(
+        DeviceRecord(
+            gpu_index=d.gpu, gpu_uuid=machine.gpu(d.gpu).uuid, mig_uuid=d.mig_uuid,
+            memory_mib=d.memory_mib, compute_pct=d.compute_pct, whole=d.whole,
+        )
+        for d in placement.devices
+    )
+    return GroupRecord(
+        id=placement.group_id, claim=claim.to_dict(), devices=devices, state=state,
+        owner=owner, owner_uid=owner_uid, owner_gid=owner_gid, users=users, scope=scope,
+        replica=replica,
+        domain=tuple(sorted(placement.domain)) if placement.domain else None,
+        exclusive_domain=tuple(sorted(placement.exclusive_domain)) if placement.exclusive_domain else None,
+        priority=claim.priority, created=created, explanation=placement.score.explanation,
+    )
+
+
+def check_owner(caller: Caller, uid: int, what: str) -> None:
+    if not caller.is_root and caller.uid != uid:
+        raise Forbidden(f"{what} belongs to uid {uid}; only its owner or root may change it")
+
+
+def component_or_404(doc: StateDoc, name: str) -> ComponentRecord:
+    comp = doc.components.get(name)
+    if comp is None or comp.state == "releasing":
+        raise NotFound(f"no component named {name!r}: `cgctl list` shows what exists")
+    return comp
+
+
+def attach_refs(doc: StateDoc, group_ids: list[str], refs: list[str], allocator: Allocator) -> None:
+    for gid in group_ids:
+        g = doc.groups[gid]
+        users = tuple(sorted(set(g.users) | set(refs)))
+        doc.groups[gid] = replace(g, users=users)
+        allocator.set_users(gid, {u.split("/")[0] for u in users})
+
+
+def detach_refs(doc: StateDoc, refs: set[str], allocator: Allocator, releasing: set[str]) -> list[str]:
+    """Drop replica refs from every group and release the groups nobody needs.
+
+    A group left without users survives only when it is an all-replicas group
+    of a component that stays (scaled to zero, it keeps its capacity).
+    """
+    freed = []
+    for gid, g in list(doc.groups.items()):
+        if not refs & set(g.users):
+            continue
+        users = tuple(u for u in g.users if u not in refs)
+        owner_stays = g.owner in doc.components and g.owner not in releasing
+        if users or (g.scope == "all-replicas" and owner_stays):
+            doc.groups[gid] = replace(g, users=users)
+            allocator.set_users(gid, {u.split("/")[0] for u in users})
+        else:
+            del doc.groups[gid]
+            release_if_held(allocator, gid)
+            freed.append(gid)
+    return freed
+
+
+def release_if_held(allocator: Allocator, gid: str) -> None:
+    """Lost groups were never given to the allocator; everything else was."""
+    try:
+        allocator.release(gid)
+    except KeyError:
+        pass
+
+
+def new_component_records(
+    doc: StateDoc, keeper: StateKeeper, request: ComponentRequest, caller: Caller,
+) -> ComponentRecord:
+    """Decide a new component's groups inside an open transaction."""
+    now = keeper.clock()
+    name = request.name
+    if name in doc.components:
+        raise Conflict(f"component {name!r} exists: release it first or pick another name")
+    owner = deployment_using(doc, name)
+    if owner is not None:
+        raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")
+    replicas = request.replicas
+    refs_by_replica = {i: replica_ref(name, i) for i in range(replicas)}
+    reservation = doc.reservations.get(name)
+    if reservation is not None and (request.shadow_of or request.share_with):
+        raise Conflict(f"reservation {name!r} exists: allocate it by name or release it first")
+    if request.shadow_of or request.share_with:
+        target_name = request.shadow_of or request.share_with
+        target = component_or_404(doc, target_name)
+        check_owner(caller, target.owner_uid, f"component {target_name!r}")
+        if target.state == "releasing":
+            raise Conflict(f"component {target_name!r} is being released")
+        if target.shadow_of:
+            raise BadRequest(f"{target_name!r} is itself a shadow: attach to its primary {target.shadow_of!r}")
+        if request.shadow_of:
+            replicas = target.replicas
+            refs_by_replica = {i: replica_ref(name, i) for i in range(replicas)}
+        for i, ref in refs_by_replica.items():
+            if request.scope == "all-replicas":
+                targets = sorted({g.id for g in doc.groups.values()
+                                  if any(u.split("/")[0] == target_name for u in g.users)})
+            else:
+                if i >= target.replicas:
+                    raise BadRequest(
+                        f"replicas: {target_name!r} has {target.replicas} replicas; "
+                        f"per-replica sharing cannot give replica {i} a group"
+                    )
+                targets = [g.id for g in doc.groups.values() if replica_ref(target_name, i) in g.users]
+            attach_refs(doc, targets, [ref], keeper.allocator)
+    elif reservation is not None:
+        check_owner(caller, reservation.owner_uid, f"reservation {name!r}")
+        groups = [doc.groups[g] for g in reservation.group_ids if g in doc.groups]
+        if request.claim is not None and groups and request.claim.to_dict() != groups[0].claim:
+            raise Conflict(f"reservation {name!r} holds a different claim: omit the claim to take it")
+        scope = groups[0].scope if groups else request.scope
+        if scope == "per-replica" and replicas != len(groups):
+            raise BadRequest(f"replicas: reservation {name!r} holds {len(groups)} per-replica groups")
+        for g in groups:
+            users = tuple(refs_by_replica.values()) if g.scope == "all-replicas" else (
+                replica_ref(name, g.replica or 0),)
+            doc.groups[g.id] = replace(g, state="allocated", owner=name, users=users)
+            keeper.allocator.mark_allocated(g.id)
+            keeper.allocator.set_users(g.id, {name})
+        del doc.reservations[name]
+        request = replace(request, claim=Claim.from_dict(groups[0].claim) if groups else request.claim,
+                          scope=scope)
+    else:
+        if request.claim is None:
+            raise BadRequest("claim: required (or share_with, shadow_of, or a reservation of this name)")
+        ids = group_ids_for(name, request.scope, range(replicas))
+        placements = keeper.place(request.claim, ids, name)
+        drop_displaced(doc, keeper, placements)
+        for p in placements:
+            replica = None if request.scope == "all-replicas" else int(p.group_id.rsplit("-", 1)[1])
+            users = tuple(refs_by_replica.values()) if replica is None else (replica_ref(name, replica),)
+            doc.groups[p.group_id] = group_record(
+                keeper.machine, p, request.claim, owner=name, owner_uid=caller.uid,
+                owner_gid=caller.gid, users=users, scope=request.scope, replica=replica,
+                state="allocated", created=now,
+            )
+    spec = request.to_spec()
+    spec["replicas"] = replicas
+    comp = ComponentRecord(
+        name=name, owner_uid=caller.uid, owner_gid=caller.gid, spec=spec, replicas=replicas,
+        state="running" if request.command else "allocated", deployment=None,
+        shadow_of=request.shadow_of, lease_pid=caller.pid if request.lease else None,
+        lease_start=None, created=now,
+    )
+    doc.components[name] = comp
+    if request.command:
+        role = "shadow" if request.shadow_of else "primary"
+        for i in range(replicas):
+            doc.workers[replica_ref(name, i)] = WorkerRecord(
+                component=name, replica=i, role=role, pid=None, create_time=None,
+                started_at=now, restarts=0, promotions=0, last_promoted_at=None,
+            )
+    return comp
+
+
+def deployment_using(doc: StateDoc, name: str) -> str | None:
+    """The deployment whose plan names `name` (a set, scaling group or component path), if any."""
+    for record in doc.deployments.values():
+        if name in expand(DeploymentSpec.from_dict(record.spec)).owners:
+            return record.name
+    return None
+
+
+def drop_displaced(doc: StateDoc, keeper: StateKeeper, placements: tuple[Placement, ...]) -> None:
+    """Reservations a higher priority claim took over lose all their groups."""
+    displaced = {gid for p in placements for gid in p.displaced}
+    if not displaced:
+        return
+    for name, res in list(doc.reservations.items()):
+        if displaced & set(res.group_ids):
+            log.warning("reservation %s displaced by a higher-priority claim", name)
+            for gid in res.group_ids:
+                doc.groups.pop(gid, None)
+                if gid not in displaced:
+                    release_if_held(keeper.allocator, gid)
+            del doc.reservations[name]
+
+
+def new_reservation(doc: StateDoc, keeper: StateKeeper, request: ReservationRequest, caller: Caller) -> ReservationRecord:
+    name = request.name
+    if name in doc.reservations:
+        raise Conflict(f"reservation {name!r} exists: release it first or pick another name")
+    if name in doc.components:
+        raise Conflict(f"component {name!r} exists already: a reservation is taken by allocating its name")
+    owner = deployment_using(doc, name)
+    if owner is not None:
+        raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")
+    ids = group_ids_for(name, request.scope, range(request.replicas))
+    placements = keeper.place(request.claim, ids, name, reserved=True)
+    drop_displaced(doc, keeper, placements)
+    now = keeper.clock()
+    for p in placements:
+        replica = None if request.scope == "all-replicas" else int(p.group_id.rsplit("-", 1)[1])
+        doc.groups[p.group_id] = group_record(
+            keeper.machine, p, request.claim, owner=name, owner_uid=caller.uid,
+            owner_gid=caller.gid, users=(), scope=request.scope, replica=replica,
+            state="reserved", created=now,
+        )
+    record = ReservationRecord(
+        name=name, owner_uid=caller.uid, owner_gid=caller.gid, group_ids=tuple(ids),
+        spec={"claim": request.claim.to_dict(), "replicas": request.replicas, "scope": request.scope,
+              "ttl_s": request.ttl_s},
+        expires_at=now + request.ttl_s, priority=request.claim.priority,
+    )
+    doc.reservations[name] = record
+    return record
+
+
+def release_reservation(doc: StateDoc, keeper: StateKeeper, name: str) -> list[str]:
+    res = doc.reservations.pop(name)
+    for gid in res.group_ids:
+        if doc.groups.pop(gid, None) is not None:
+            release_if_held(keeper.allocator, gid)
+    return list(res.group_ids)
+
+
+def dependents(doc: StateDoc, name: str) -> tuple[list[str], list[str]]:
+    """(shadows, sharers): components attached to `name`'s groups."""
+    shadows = sorted(c.name for c in doc.components.values() if c.shadow_of == name)
+    own = {gid for gid, g in doc.groups.items() if g.owner == name}
+    sharers = sorted({
+        u.split("/")[0] for gid in own for u in doc.groups[gid].users
+        if u.split("/")[0] not in (name, *shadows)
+    })
+    return shadows, sharers
+
+
+def remove_component(doc: StateDoc, keeper: StateKeeper, name: str, releasing: set[str]) -> list[str]:
+    """Forget a component whose workers are already stopped; returns freed groups."""
+    comp = doc.components[name]
+    refs = {replica_ref(name, i) for i in range(max(comp.replicas, 1))}
+    refs |= {u for g in doc.groups.values() for u in g.users if u.split("/")[0] == name}
+    for key in [k for k, w in doc.workers.items() if w.component == name]:
+        del doc.workers[key]
+    freed = detach_refs(doc, refs, keeper.allocator, releasing)
+    reserved = {gid for r in doc.reservations.values() for gid in r.group_ids}
+    for gid, g in list(doc.groups.items()):
+        if g.owner == name and not g.users and gid not in reserved:
+            del doc.groups[gid]
+            release_if_held(keeper.allocator, gid)
+            freed.append(gid)
+    del doc.components[name]
+    return freed
+
+
+def check_scale_in(doc: StateDoc, comp: ComponentRecord, replicas: int) -> None:
+    """Refuse a scale-in that would pull groups from under a sharer's replicas."""
+    shadows = set(dependents(doc, comp.name)[0])
+    for i in range(replicas, comp.replicas):
+        for g in replica_groups(doc, comp.name, i):
+            if g.scope == "per-replica":
+                others = sorted({u.split("/")[0] for u in g.users} - {comp.name} - shadows)
+                if others:
+                    raise Conflict(f"component {others[0]!r} uses group {g.id!r} of replica {i}: "
+                                   "release or scale it first")
+    for other in dependents(doc, comp.name)[1]:
+        dep = doc.components[other]
+        if dep.spec.get("scope") == "per-replica" and dep.replicas > replicas:
+            raise Conflict(
+                f"component {other!r} shares {comp.name!r} replica by replica with "
+                f"{dep.replicas} replicas: scale it down first"
+            )
+
+
+def scale_component(
+    doc: StateDoc, keeper: StateKeeper, comp: ComponentRecord, replicas: int,
+) -> ComponentRecord:
+    """Change a component's replica count and, with it, its shadows'.
+
+    Scale-out places exactly the new per-replica groups; scale-in frees
+    exactly the removed replicas' per-replica groups; all-replicas groups stay.
+    """
+    old = comp.replicas
+    request = ComponentRequest.from_spec(comp.name, comp.spec)
+    now = keeper.clock()
+    shadows, _ = dependents(doc, comp.name)
+    if replicas < old:
+        check_scale_in(doc, comp, replicas)
+        removed = {replica_ref(n, i) for n in (comp.name, *shadows) for i in range(replicas, old)}
+        for key in [k for k in doc.workers if k in removed]:
+            del doc.workers[key]
+        detach_refs(doc, removed, keeper.allocator, set())
+    elif replicas > old:
+        new = range(old, replicas)
+        if request.share_with:
+            target = doc.components[request.share_with]
+            for i in new:
+                ref = replica_ref(comp.name, i)
+                if request.scope == "all-replicas":
+                    targets = sorted({g.id for g in doc.groups.values()
+                                      if any(u.split("/")[0] == target.name for u in g.users)})
+                else:
+                    if i >= target.replicas:
+                        raise BadRequest(f"replicas: {target.name!r} has only {target.replicas} replicas to share")
+                    targets = [g.id for g in doc.groups.values() if replica_ref(target.name, i) in g.users]
+                attach_refs(doc, targets, [ref], keeper.allocator)
+        elif request.scope == "all-replicas":
+            attach_refs(doc, [f"{comp.name}-all"], [replica_ref(comp.name, i) for i in new], keeper.allocator)
+        else:
+            assert request.claim is not None
+            placements = keeper.place(request.claim, group_ids_for(comp.name, "per-replica", new), comp.name)
+            drop_displaced(doc, keeper, placements)
+            for p in placements:
+                replica = int(p.group_id.rsplit("-", 1)[1])
+                doc.groups[p.group_id] = group_record(
+                    keeper.machine, p, request.claim, owner=comp.name, owner_uid=comp.owner_uid,
+                    owner_gid=comp.owner_gid, users=(replica_ref(comp.name, replica),),
+                    scope="per-replica", replica=replica, state="allocated", created=now,
+                )
+        for shadow in shadows:
+            for i in new:
+                targets = [g.id for g in replica_groups(doc, comp.name, i)]
+                attach_refs(doc, targets, [replica_ref(shadow, i)], keeper.allocator)
+        for name in (comp.name, *shadows):
+            member = doc.components[name]
+            if member.spec.get("command"):
+                role = "shadow" if member.shadow_of else "primary"
+                for i in new:
+                    doc.workers[replica_ref(name, i)] = WorkerRecord(
+                        component=name, replica=i, role=role, pid=None, create_time=None,
+                        started_at=now, restarts=0, promotions=0, last_promoted_at=None,
+                    )
+    for name in (comp.name, *shadows):
+        member = doc.components[name]
+        spec = dict(member.spec, replicas=replicas)
+        doc.components[name] = replace(member, replicas=replicas, spec=spec)
+    return doc.components[comp.name]

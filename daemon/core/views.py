@@ -1,0 +1,148 @@
+"""The JSON shapes of docs/api.md, built from the state and live facts.
+
+Views read; they never decide. Keeping them apart means `cgctl --json` keys
+change only when this file does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from computegroups.daemon.core.workers import replica_groups, replica_ref, visible_devices
+from computegroups.daemon.supervision.workerenv import cuda_visible_devices
+from computegroups.statefiles.schema import ComponentRecord, GroupRecord, ReservationRecord, StateDoc
+from computegroups.topology.model import Machine
+
+
+def owner_view(uid: int, gid: int) -> dict[str, Any]:
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return {"uid": uid, "gid": gid, "user": user}
+
+
+def device_view(dev) -> dict[str, Any]:
+    return {
+        "index": dev.gpu_index, "uuid": dev.gpu_uuid, "mig_uuid": dev.mig_uuid,
+        "memory_mib": dev.memory_mib, "compute_pct": dev.compute_pct, "whole": dev.whole,
+    }
+
+
+def group_view(doc: StateDoc, g: GroupRecord) -> dict[str, Any]:
+    reservation = next((r.name for r in doc.reservations.values() if g.id in r.group_ids), None)
+    return {
+        "id": g.id, "state": g.state, "owner": g.owner,
+        "owner_uid": g.owner_uid, "users": list(g.users), "scope": g.scope,
+        "replica": g.replica, "claim": g.claim,
+        "devices": [device_view(d) for d in g.devices],
+        "domain": list(g.domain) if g.domain is not None else None,
+        "exclusive_domain": list(g.exclusive_domain) if g.exclusive_domain is not None else None,
+        "priority": g.priority, "created": g.created, "explanation": g.explanation,
+        "reservation": reservation,
+    }
+
+
+def component_view(
+    doc: StateDoc, comp: ComponentRecord, pids: dict[str, list[int]], naming: str,
+    replica_states: dict[str, str],
+) -> dict[str, Any]:
+    replicas = []
+    explanations = []
+    for i in range(comp.replicas):
+        ref = replica_ref(comp.name, i)
+        groups = replica_groups(doc, comp.name, i)
+        devices = visible_devices(groups)
+        worker = doc.workers.get(ref)
+        role = worker.role if worker else ("shadow" if comp.shadow_of else "primary")
+        if comp.state == "lost":
+            state = "lost"
+        else:
+            state = replica_states.get(ref) or ("running" if worker and worker.pid else
+                                                ("allocated" if worker is None else "starting"))
+        replicas.append({
+            "index": i,
+            "group": groups[0].id if groups else None,
+            "groups": [g.id for g in groups],
+            "role": role,
+            "state": state,
+            "restarts": worker.restarts if worker else 0,
+            "promotions": worker.promotions if worker else 0,
+            "devices": [
+                {"index": d.gpu_index, "uuid": d.gpu_uuid, "mig_uuid": d.mig_uuid,
+                 "memory_mib": d.memory_mib, "compute_pct": d.compute_pct, "whole": d.whole}
+                for d in devices
+            ],
+            "cuda_visible_devices": cuda_visible_devices(devices, naming),
+            "pids": pids.get(ref, []),
+        })
+        explanations.extend(g.explanation for g in groups if g.explanation not in explanations)
+    spec = comp.spec
+    return {
+        "name": comp.name,
+        "owner": owner_view(comp.owner_uid, comp.owner_gid),
+        "state": comp.state,
+        "replicas_wanted": comp.replicas,
+        "scope": spec.get("scope"),
+        "share_with": spec.get("share_with"),
+        "shadow_of": comp.shadow_of,
+        "deployment": comp.deployment,
+        "command": spec.get("command"),
+        "created": comp.created,
+        "lease_pid": comp.lease_pid,
+        "replicas": replicas,
+        "explanation": "; ".join(e for e in explanations if e),
+    }
+
+
+def reservation_view(doc: StateDoc, r: ReservationRecord) -> dict[str, Any]:
+    return {
+        "name": r.name,
+        "owner": owner_view(r.owner_uid, r.owner_gid),
+        "expires_at": r.expires_at,
+        "priority": r.priority,
+        "groups": [group_view(doc, doc.groups[g]) for g in r.group_ids if g in doc.groups],
+    }
+
+
+def gpu_status(
+    machine: Machine, doc: StateDoc, health: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    drained = set(doc.drained)
+    out = []
+    for gpu in machine.gpus:
+        groups = [g for g in doc.groups.values() if any(d.gpu_index == gpu.index for d in g.devices)]
+        mem = sum(d.memory_mib for g in groups for d in g.devices if d.gpu_index == gpu.index)
+        sm = sum(d.compute_pct for g in groups for d in g.devices if d.gpu_index == gpu.index)
+        exclusive = next(
+            (g.owner for g in groups for d in g.devices
+             if d.gpu_index == gpu.index and d.whole and d.mig_uuid is None), None,
+        )
+        components = sorted({u.split("/")[0] for g in groups for u in g.users} |
+                            {g.owner for g in groups if g.state == "reserved"})
+        facts = health.get(gpu.index, {})
+        out.append({
+            "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
+            "memory_mib": gpu.memory_mib,
+            "memory_allocated_mib": mem,
+            "memory_foreign_mib": sum(p["used_memory_mib"] or 0 for p in facts.get("foreign", [])),
+            "compute_allocated_pct": min(sm, 100) if not gpu.mig_enabled else None,
+            "exclusive_owner": exclusive,
+            "components": components,
+            "groups": sorted(g.id for g in groups),
+            "health": facts.get("health", "ok"),
+            "reasons": facts.get("reasons", []),
+            "drained": gpu.uuid in drained,
+            "degraded": any(g.state == "degraded" for g in groups),
+            "foreign_processes": facts.get("foreign", []),
+            "over_share": facts.get("over_share", []),
+            "mig_devices": [
+                {"uuid": m.uuid, "profile": m.profile, "memory_mib": m.memory_mib,
+                 "group": next((g.id for g in groups for d in g.devices if d.mig_uuid == m.uuid), None)}
+                for m in gpu.mig_devices
+            ],
+            "temperature_c": facts.get("temperature_c"),
+        })
+    return out

@@ -1,0 +1,153 @@
+"""From the state document to the exact worker a replica should run.
+
+The manager decides *that* a replica runs; this module decides *how*: argv,
+environment, identity and log files are a pure function of the state, so a
+worker started after a crash is the same worker that was asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.paths import RUNTIME_MODE, own_dir
+from computegroups.daemon.model.requests import ComponentRequest
+from computegroups.daemon.supervision.supervisor import RestartPolicy, WorkerSpec
+from computegroups.daemon.supervision.workerenv import MpsSettings, VisibleDevice, owner_env, worker_env
+from computegroups.daemon.supervision.worklogs import log_paths
+from computegroups.statefiles.schema import ComponentRecord, GroupRecord, StateDoc
+
+INSTANCE_VAR = "CG_INSTANCE"
+
+
+def replica_ref(component: str, replica: int) -> str:
+    """How a replica is named in a group's users and in the worker table."""
+    return f"{component}/{replica}"
+
+
+def watcher_key(component: str, replica: int) -> str:
+    """The supervisor's name for a replica's worker: stable across role swaps."""
+    return f"{component}.{replica}"
+
+
+def parse_watcher_key(key: str) -> tuple[str, int]:
+    component, _, replica = key.rpartition(".")
+    return component, int(replica)
+
+
+def replica_groups(doc: StateDoc, component: str, replica: int) -> list[GroupRecord]:
+    ref = replica_ref(component, replica)
+    return sorted((g for g in doc.groups.values() if ref in g.users), key=lambda g: g.id)
+
+
+def visible_devices(groups: list[GroupRecord]) -> list[VisibleDevice]:
+    """All devices of a replica's groups, each physical device once."""
+    seen: dict[tuple[int, str | None], VisibleDevice] = {}
+    for group in groups:
+        for dev in group.devices:
+            key = (dev.gpu_index, dev.mig_uuid)
+            if key not in seen:
+                seen[key] = VisibleDevice(
+                    gpu_index=dev.gpu_index, gpu_uuid=dev.gpu_uuid, mig_uuid=dev.mig_uuid,
+                    memory_mib=dev.memory_mib, compute_pct=dev.compute_pct, whole=dev.whole,
+                )
+    return sorted(seen.values(), key=lambda d: (d.gpu_index, d.mig_uuid or ""))
+
+
+@dataclass(frozen=True)
+class WorkerPaths:
+    log_dir: Path
+    runtime_dir: Path
+    instance: str
+
+    def role_file(self, component: str, replica: int) -> Path:
+        return self.runtime_dir / "roles" / f"{component}.{replica}"
+
+
+def build_env(
+    doc: StateDoc, comp: ComponentRecord, replica: int, role: str,
+    paths: WorkerPaths, config: DaemonConfig,
+) -> dict[str, str]:
+    request = ComponentRequest.from_spec(comp.name, comp.spec)
+    groups = replica_groups(doc, comp.name, replica)
+    mps = MpsSettings(str(paths.runtime_dir / "mps")) if config.mps else None
+    return worker_env(
+        owner=owner_env(comp.owner_uid, comp.owner_gid),
+        devices=visible_devices(groups),
+        component=comp.name,
+        replica=replica,
+        role=role,
+        groups=[g.id for g in groups],
+        role_file=str(paths.role_file(comp.name, replica)),
+        naming=config.device_naming,
+        mps=mps,
+        extra=request.env,
+        instance=paths.instance,
+    )
+
+
+def build_spec(
+    doc: StateDoc, comp: ComponentRecord, replica: int, role: str,
+    paths: WorkerPaths, config: DaemonConfig,
+) -> WorkerSpec:
+    request = ComponentRequest.from_spec(comp.name, comp.spec)
+    assert request.command is not None
+    argv = ("/bin/sh", "-c", request.command[0]) if request.shell else request.command
+    env = build_env(doc, comp, replica, role, paths, config)
+    stdout, stderr = log_paths(paths.log_dir, comp.name, replica)
+    return WorkerSpec(
+        key=watcher_key(comp.name, replica),
+        argv=tuple(argv),
+        env=env,
+        cwd=request.cwd or env.get("HOME") or "/",
+        uid=comp.owner_uid,
+        gid=comp.owner_gid,
+        stdout_path=str(stdout),
+        stderr_path=str(stderr),
+        restart=RestartPolicy(
+            max_retries=request.restart.max_retries, backoff_s=request.restart.backoff_s,
+        ),
+        stop_timeout_s=request.stop_timeout_s,
+        stop_signal=signal.SIGTERM,
+        shell=request.shell,
+    )
+
+
+ROLE_FILE_MODE = 0o644
+"""The worker, maybe another user, reads it; only cgd writes it."""
+
+
+def write_role(paths: WorkerPaths, component: str, replica: int, role: str, uid: int, gid: int) -> None:
+    """Write the role file atomically: a worker reading it never sees it empty.
+
+    cgd may be root, so nothing here follows a symlink: roles/ must be cgd's
+    own directory, the temporary file gets a fresh unguessable name and is
+    created exclusively, and it is chowned through its descriptor.
+    """
+    target = paths.role_file(component, replica)
+    own_dir(target.parent, RUNTIME_MODE)
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, ROLE_FILE_MODE)
+    try:
+        try:
+            _fill_role_file(fd, role, uid, gid)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _fill_role_file(fd: int, role: str, uid: int, gid: int) -> None:
+    """The role, the mode whatever the umask, and the worker's ownership."""
+    data = (role + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
+    os.fchmod(fd, ROLE_FILE_MODE)
+    if os.geteuid() == 0:
+        os.fchown(fd, uid, gid)

@@ -1,0 +1,43 @@
+"""The import root `computegroups`: every part of the project is installed under it.
+
+The repository keeps its folders (`daemon/`, `topology/`, `cli/`,
+`statefiles/`); setup.cfg maps them to `computegroups.daemon`,
+`computegroups.topology`, ... so that installing this project can never
+overwrite another distribution's top-level `daemon` or `cli` package. This
+file is the root package itself (setup.cfg maps `computegroups` here).
+
+The short public names load on first use (PEP 562): `cgctl` imports
+`computegroups.cli` and must not pay for the client library.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_PUBLIC = {
+    "ComputeGroupManager": "computegroups.daemon.client.manager",
+    "ComputeGroup": "computegroups.daemon.client.models",
+    "ComputeNode": "computegroups.daemon.client.models",
+    "CgdClient": "computegroups.daemon.client.sync",
+    "AsyncCgdClient": "computegroups.daemon.client.aio",
+    "CgdError": "computegroups.daemon.client.errors",
+}
+
+__all__ = ["__version__", *sorted(_PUBLIC)]
+
+if TYPE_CHECKING:
+    from computegroups.daemon.client.aio import AsyncCgdClient
+    from computegroups.daemon.client.errors import CgdError
+    from computegroups.daemon.client.manager import ComputeGroupManager
+    from computegroups.daemon.client.models import ComputeGroup, ComputeNode
+    from computegroups.daemon.client.sync import CgdClient
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'computegroups' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

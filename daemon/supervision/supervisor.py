@@ -1,0 +1,453 @@
+"""Every worker process of cgd: start, stop, restart, adopt, and report.
+
+One circus watcher per worker (one replica of a component, whatever its role),
+because circus keeps one environment per watcher and each replica's
+CUDA_VISIBLE_DEVICES differs. circus forks the process (see
+daemon/supervision/arbiter.py for how its arbiter is run); this module
+decides everything else:
+
+- exits are seen through a pidfd on the event loop, within a millisecond,
+  and reported through `on_exit` for EVERY exit, with `will_restart` saying
+  whether the supervisor restarts it, so the manager can promote a shadow
+  at once and keep state right;
+- restarts follow the worker's `RestartPolicy` (exponential backoff, give up
+  after `max_retries` consecutive quick failures); `on_start` reports every
+  new pid and its start time, which the manager records;
+- a worker found alive after cgd died is adopted: watched through its pidfd,
+  never restarted while it lives, started fresh under circus once it exits;
+- stopping signals the worker's whole process group and waits until none
+  of it is left (a child that outlives the worker keeps its GPU memory),
+  then SIGKILLs what is left after the stop timeout.
+
+Workers are never tied to cgd's life (no PDEATHSIG): after `kill -9` of cgd
+they keep running, and the next cgd adopts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import re
+import signal as signals
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from circus.process import Process
+from circus.watcher import Watcher
+
+from computegroups.daemon.supervision import worklogs
+from computegroups.daemon.supervision.launch import LaunchSpec, shim_argv, write_spec
+from computegroups.daemon.supervision.arbiter import LoopArbiter
+from computegroups.daemon.supervision.processes import ProcessHandle
+
+log = logging.getLogger(__name__)
+
+KEY_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+SHELL = ("/bin/sh", "-c")
+KILL_WAIT_S = 5.0
+"""How long to wait for a process group after SIGKILL; longer means one of
+its processes is stuck in the kernel (uninterruptible sleep, often a wedged
+GPU) and is left to it."""
+GROUP_POLL_S = 0.05
+"""How often a stopping worker's group is looked at once the worker itself
+has exited: a stop lasts this much longer than the group at most."""
+
+_DETACHED: list[Process] = []
+"""Processes handed over to the next cgd (`stop(keep_workers=True)`). They are
+our children: kept referenced so that subprocess's finalizer neither reaps
+them nor warns that they still run."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Restart on any exit cgd did not ask for, after `backoff_s`, doubling
+    up to `backoff_max_s` for each consecutive quick failure; give up after
+    `max_retries` of them. A run that lasted `reset_after_s` is not a quick
+    failure: the count starts again."""
+
+    max_retries: int = 5
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    reset_after_s: float = 60.0
+
+    def delay(self, failures: int) -> float:
+        return float(min(self.backoff_s * 2 ** max(0, failures - 1), self.backoff_max_s))
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker process, exec'd exactly as `argv` (searched in env's PATH
+    as the worker's user). `env` is complete (see daemon/workerenv.py):
+    nothing of cgd's environment is added. `shell` marks a request that
+    asked for a shell: argv is then `/bin/sh -c COMMAND ...`."""
+
+    key: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+    uid: int
+    gid: int
+    stdout_path: str
+    stderr_path: str
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    stop_timeout_s: float = 10.0
+    stop_signal: int = signals.SIGTERM
+    shell: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """`returncode` is negative when a signal killed it, None when unknown
+    (an adopted process is not our child) or when pid is 0: a restart that
+    could not even fork."""
+
+    key: str
+    pid: int
+    returncode: int | None
+    will_restart: bool
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    key: str
+    pid: int
+    create_time: float
+
+
+class SpawnError(RuntimeError):
+    """circus could not fork the worker (out of processes or memory)."""
+
+
+@dataclass(eq=False)
+class _Run:
+    handle: ProcessHandle
+    process: Process | None
+    exited: asyncio.Future[int | None]
+
+
+@dataclass(eq=False)
+class _Worker:
+    spec: WorkerSpec
+    spec_file: Path
+    watcher: Watcher | None = None
+    run: _Run | None = None
+    failures: int = 0
+    wanted: bool = True
+    restart: asyncio.TimerHandle | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Supervisor:
+    """Owns every worker process. Runs on the event loop that calls
+    `start()`; all methods must be called from that loop."""
+
+    def __init__(self, runtime_dir: Path, on_exit: Callable[[WorkerExit], None],
+                 on_start: Callable[[WorkerStart], None] | None = None) -> None:
+        self._runtime_dir = Path(runtime_dir)
+        self._on_exit = on_exit
+        self._on_start = on_start
+        self._workers: dict[str, _Worker] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._arbiter: LoopArbiter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._arbiter = LoopArbiter(self._runtime_dir)
+        await self._arbiter.start()
+
+    async def stop(self, keep_workers: bool = False) -> None:
+        """Stop every worker gracefully (each within its own stop timeout,
+        all at once), or with `keep_workers` leave them running for the next
+        cgd to adopt."""
+        self._closing = True
+        for worker in self._workers.values():
+            worker.wanted = False
+            if worker.restart is not None:
+                worker.restart.cancel()
+        if keep_workers:
+            for worker in self._workers.values():
+                if worker.run is not None:
+                    worker.run.handle.close()
+                    if worker.run.process is not None:
+                        _DETACHED.append(worker.run.process)
+            self._workers.clear()
+        else:
+            await asyncio.gather(*(self.stop_worker(key) for key in list(self._workers)))
+        for task in list(self._tasks):
+            task.cancel()
+        if self._arbiter is not None:
+            self._arbiter.close()
+            self._arbiter = None
+
+    async def start_worker(self, spec: WorkerSpec) -> WorkerStart:
+        """Start `spec` under circus; returns once the process exists (it
+        may still be loading). The key must not be supervised already."""
+        worker = self._new_worker(spec)
+        for path in {spec.stdout_path, spec.stderr_path}:
+            worklogs.prepare_log_file(path, spec.uid, spec.gid)
+        self._workers[spec.key] = worker
+        async with worker.lock:
+            try:
+                return await self._spawn(worker)
+            except BaseException:
+                self._forget(worker)
+                raise
+
+    async def stop_worker(self, key: str, timeout: float | None = None) -> None:
+        """Stop signal to the worker's process group, SIGKILL to what is left
+        of the group after `timeout` (default: its stop_timeout_s); returns
+        when the whole group is gone (or stuck in the kernel for KILL_WAIT_S
+        more) and the worker forgotten. A pending restart is cancelled.
+        Unknown keys are ignored, so stopping twice is harmless."""
+        worker = self._workers.get(key)
+        if worker is None:
+            return
+        worker.wanted = False
+        if worker.restart is not None:
+            worker.restart.cancel()
+            worker.restart = None
+        async with worker.lock:
+            run = worker.run
+            if run is not None:
+                grace = worker.spec.stop_timeout_s if timeout is None else timeout
+                await _terminate(run.handle, run.exited, worker.spec.stop_signal, grace)
+            self._forget(worker)
+
+    def adopt(self, spec: WorkerSpec, pid: int, create_time: float) -> bool:
+        """Watch a worker a previous cgd started, without restarting it.
+        False if `pid` is gone or is another process (its start time differs
+        from `create_time`: the pid was reused). `on_start` is not called:
+        the pid is the one already recorded. Once it exits, `on_exit` is
+        called and it is started fresh per its restart policy."""
+        worker = self._new_worker(spec)
+        handle = ProcessHandle.open(pid, create_time)
+        if handle is None:
+            return False
+        worker.run = self._watch(worker, handle, None)
+        self._workers[spec.key] = worker
+        return True
+
+    async def stop_stray(self, pid: int, create_time: float, timeout: float = 10.0) -> bool:
+        """Stop a process of a previous run that state says should not run,
+        with its group, as `stop_worker` does (SIGTERM, SIGKILL after
+        `timeout`). False if it was already gone or the pid now belongs to
+        another process."""
+        handle = ProcessHandle.open(pid, create_time)
+        if handle is None:
+            return False
+        exited: asyncio.Future[int | None] = self._running_loop().create_future()
+        handle.watch(self._running_loop(), lambda: _resolve(exited, handle.reap()))
+        try:
+            await _terminate(handle, exited, signals.SIGTERM, timeout)
+        finally:
+            handle.close()
+        return True
+
+    def signal(self, key: str, signum: int) -> bool:
+        """Send `signum` to the worker's main process only (not its group:
+        a promotion signal must not kill children that ignore it). False if
+        it is not running; KeyError for an unknown key."""
+        run = self._workers[key].run
+        return run is not None and run.handle.send(signum)
+
+    def pids(self, key: str) -> list[int]:
+        worker = self._workers.get(key)
+        return [worker.run.handle.pid] if worker is not None and worker.run is not None else []
+
+    def keys(self) -> list[str]:
+        """Every supervised worker: running, adopted, or waiting to restart."""
+        return list(self._workers)
+
+    def is_running(self, key: str) -> bool:
+        worker = self._workers.get(key)
+        return worker is not None and worker.run is not None and worker.run.handle.alive()
+
+    def _new_worker(self, spec: WorkerSpec) -> _Worker:
+        if self._arbiter is None or self._closing:
+            raise RuntimeError("the supervisor is not running")
+        if not KEY_RE.fullmatch(spec.key):
+            raise ValueError(f"worker key {spec.key!r} must match {KEY_RE.pattern}")
+        if spec.key in self._workers:
+            raise ValueError(f"worker {spec.key} is already supervised")
+        if not spec.argv:
+            raise ValueError(f"worker {spec.key}: empty command")
+        if spec.shell and (len(spec.argv) < 3 or tuple(spec.argv[:2]) != SHELL):
+            raise ValueError(f"worker {spec.key}: a shell command must be {' '.join(SHELL)} COMMAND")
+        if os.geteuid() != 0 and spec.uid != os.geteuid():
+            raise PermissionError(f"cgd runs as uid {os.geteuid()} and can not run workers as uid {spec.uid}")
+        if spec.uid != 0 and spec.gid == 0:
+            raise PermissionError(f"worker {spec.key}: refusing group root for uid {spec.uid}")
+        return _Worker(spec, self._arbiter.spec_dir / f"{spec.key}.json")
+
+    async def _spawn(self, worker: _Worker) -> WorkerStart:
+        assert self._arbiter is not None
+        spec = worker.spec
+        write_spec(str(worker.spec_file), LaunchSpec(
+            argv=tuple(spec.argv), env=dict(spec.env), uid=spec.uid, gid=spec.gid,
+            stdout=spec.stdout_path, stderr=spec.stderr_path, cwd=spec.cwd,
+        ))
+        if worker.watcher is None:
+            worker.watcher = self._arbiter.add(
+                spec.key, shim_argv(str(worker.spec_file)), spec.stop_signal, spec.stop_timeout_s)
+        try:
+            process = await self._arbiter.spawn(worker.watcher)
+        except BaseException:
+            self._abandon(worker.watcher)
+            raise
+        handle = ProcessHandle.open(process.pid, child=True) if process is not None else None
+        if process is None or handle is None:
+            raise SpawnError(f"worker {spec.key}: circus could not start the process")
+        worker.run = self._watch(worker, handle, process)
+        started = WorkerStart(spec.key, handle.pid, handle.create_time)
+        _call(self._on_start, started)
+        return started
+
+    def _watch(self, worker: _Worker, handle: ProcessHandle, process: Process | None) -> _Run:
+        run = _Run(handle, process, self._running_loop().create_future())
+        handle.watch(self._running_loop(), lambda: self._exited(worker, run))
+        return run
+
+    def _exited(self, worker: _Worker, run: _Run) -> None:
+        """Runs on the loop as soon as the pidfd says the process is gone."""
+        pid = run.handle.pid
+        if run.process is not None:
+            returncode = run.process.poll()
+            if worker.watcher is not None:
+                worker.watcher.reap_process(pid)
+        else:
+            returncode = run.handle.reap()
+        run.handle.close()
+        if worker.run is run:
+            worker.run = None
+        will_restart = self._after_failure(worker, run.handle.create_time)
+        _resolve(run.exited, returncode)
+        log.info("worker %s (pid %d) exited with %s%s", worker.spec.key, pid, returncode,
+                 ", restarting" if will_restart else "")
+        _call(self._on_exit, WorkerExit(worker.spec.key, pid, returncode, will_restart))
+
+    def _after_failure(self, worker: _Worker, started: float) -> bool:
+        """Count an unrequested end of a run and schedule the restart; False
+        (and the worker forgotten) when it is not to be restarted."""
+        if not worker.wanted or self._closing:
+            return False
+        policy = worker.spec.restart
+        if time.time() - started >= policy.reset_after_s:
+            worker.failures = 0
+        worker.failures += 1
+        if worker.failures > policy.max_retries:
+            log.warning("worker %s failed %d times in a row: giving up", worker.spec.key, worker.failures)
+            self._forget(worker)
+            return False
+        worker.restart = self._running_loop().call_later(
+            policy.delay(worker.failures), self._restart_later, worker)
+        return True
+
+    def _restart_later(self, worker: _Worker) -> None:
+        worker.restart = None
+        task = self._running_loop().create_task(self._respawn(worker))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _respawn(self, worker: _Worker) -> None:
+        async with worker.lock:
+            if not worker.wanted or worker.run is not None or self._workers.get(worker.spec.key) is not worker:
+                return
+            try:
+                await self._spawn(worker)
+            except Exception as exc:
+                log.error("worker %s could not be restarted: %s", worker.spec.key, exc)
+                will_restart = self._after_failure(worker, time.time())
+                _call(self._on_exit, WorkerExit(worker.spec.key, 0, None, will_restart))
+
+    def _abandon(self, watcher: Watcher) -> None:
+        """A start cancelled half-way (cgd shutting down) must not leave a
+        process nobody watches: kill what circus forked, reap it later."""
+        for process in list(watcher.processes.values()):
+            handle = ProcessHandle.open(process.pid, child=True)
+            if handle is None:
+                continue
+            handle.send_group(signals.SIGKILL)
+            handle.watch(self._running_loop(), functools.partial(_reap_abandoned, process, handle))
+
+    def _forget(self, worker: _Worker) -> None:
+        if self._workers.get(worker.spec.key) is worker:
+            del self._workers[worker.spec.key]
+        if worker.watcher is not None and self._arbiter is not None:
+            self._arbiter.remove(worker.spec.key)
+            worker.watcher = None
+        try:
+            worker.spec_file.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("the supervisor is not started")
+        return self._loop
+
+
+async def _terminate(handle: ProcessHandle, exited: asyncio.Future[int | None],
+                     stop_signal: int, timeout: float) -> None:
+    """Stop the process and every process of its group within `timeout`,
+    then SIGKILL what is left. A child that outlives its worker (a rank that
+    ignores SIGTERM) keeps its GPU memory, and the worker's GPUs are handed
+    on once this returns: the worker has stopped only when its group has."""
+    handle.send_group(stop_signal)
+    if await _stopped(handle, exited, timeout):
+        return
+    log.warning("pid %d: pids %s still run %.1fs after the stop signal: SIGKILL",
+                handle.pid, _pids(handle), timeout)
+    handle.send_group(signals.SIGKILL)
+    if not await _stopped(handle, exited, KILL_WAIT_S):
+        log.warning("pid %d: pids %s survived SIGKILL for %.0fs (stuck in the kernel?): left to it",
+                    handle.pid, _pids(handle), KILL_WAIT_S)
+
+
+async def _stopped(handle: ProcessHandle, exited: asyncio.Future[int | None], timeout: float) -> bool:
+    """Whether the process exited and then the rest of its group within
+    `timeout`. The exit is seen at once through the pidfd; the group's other
+    members are not our children, so they are polled."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(0.0, timeout)
+    try:
+        await asyncio.wait_for(asyncio.shield(exited), max(0.0, timeout))
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
+        return False
+    while handle.group_left():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(GROUP_POLL_S)
+    return True
+
+
+def _pids(handle: ProcessHandle) -> str:
+    return ", ".join(map(str, handle.group_left())) or "none"
+
+
+def _reap_abandoned(process: Process, handle: ProcessHandle) -> None:
+    process.poll()
+    handle.close()
+
+
+def _resolve(future: asyncio.Future[T], value: T) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _call(callback: Callable[[T], None] | None, value: T) -> None:
+    """A failing callback is the manager's bug; it must not stop supervision."""
+    if callback is None:
+        return
+    try:
+        callback(value)
+    except Exception:
+        log.exception("supervisor callback %r failed for %r", callback, value)

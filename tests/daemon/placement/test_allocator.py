@@ -1,0 +1,400 @@
+"""Scenarios on every simulated machine: what a user sees from the allocator."""
+
+from __future__ import annotations
+
+import pytest
+
+from computegroups.daemon.placement.allocator import (
+    Allocator,
+    DeviceShare,
+    DoesNotFitNow,
+    Holding,
+    NeverFits,
+    PlacementError,
+)
+from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim
+from tests.daemon.placement.allocator_machines import islands
+from computegroups.topology import load_machine, simulated_machine_names
+from computegroups.topology.model import DomainKind
+
+GIB = 1024
+
+
+def machine(name: str):
+    return load_machine(name)
+
+
+def gpus_of(placements) -> list[tuple[int, ...]]:
+    return [p.gpus for p in placements]
+
+
+def one(allocator: Allocator, claim: Claim, gid: str = "g", owner: str = "ada", **kw):
+    (placement,) = allocator.allocate(claim, [gid], owner, **kw)
+    return placement
+
+
+# --- the two dgx1-v100 examples of the issue -------------------------------------------------
+
+def test_dgx1_pair_after_a_quad_takes_a_two_link_pair_of_the_other_quad() -> None:
+    m = machine("dgx1-v100")
+    a = Allocator(m)
+    quad = one(a, Claim(gpus=4), "quad")
+    assert quad.score.nvlinks == quad.score.best_nvlinks
+    assert set(quad.gpus) in ({0, 1, 2, 3}, {4, 5, 6, 7})
+    pair = one(a, Claim(gpus=2), "pair")
+    assert not set(pair.gpus) & set(quad.gpus)
+    assert m.nvlinks(*pair.gpus) == 2
+    assert (quad.gpus, pair.gpus) == ((0, 1, 2, 3), (6, 7))
+    assert quad.score.explanation == (
+        "GPUs 0-3: 6 pairs, 9 NVLinks in total (best possible 9), PCIe closeness 16; leaves GPUs 4-7 whole")
+
+
+def test_dgx1_lone_pair_stays_inside_one_quad() -> None:
+    pair = one(Allocator(machine("dgx1-v100")), Claim(gpus=2))
+    assert pair.gpus == (2, 3)
+    assert len({g // 4 for g in pair.gpus}) == 1
+    assert machine("dgx1-v100").nvlinks(*pair.gpus) == 2
+    assert "2 NVLinks in total (best possible 2)" in pair.score.explanation
+
+
+# --- fractional packing ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["workstation-4x-pcie", "workstation-nvlink-pairs"])
+def test_three_10gib_shares_binpack_on_one_a6000(name: str) -> None:
+    a = Allocator(machine(name))
+    placements = a.allocate(Claim(memory_mib=10 * GIB), ["a", "b", "c"], "ada")
+    assert {p.gpus for p in placements} == {(0,)}
+    assert all(p.devices[0] == DeviceShare(0, None, 10 * GIB, 0, False) for p in placements)
+
+
+@pytest.mark.parametrize("name", ["workstation-4x-pcie", "workstation-nvlink-pairs"])
+def test_three_10gib_shares_spread_on_three_gpus(name: str) -> None:
+    a = Allocator(machine(name))
+    placements = [one(a, Claim(memory_mib=10 * GIB, strategy="spread"), gid) for gid in "abc"]
+    assert len({p.gpus for p in placements}) == 3
+
+
+def test_binpack_fills_the_tightest_shared_gpu_first() -> None:
+    a = Allocator(machine("workstation-4x-pcie"))
+    one(a, Claim(memory_mib=40 * GIB, gpu_ids=(0,)), "big")
+    one(a, Claim(memory_mib=20 * GIB, gpu_ids=(1,)), "mid")
+    assert one(a, Claim(memory_mib=7 * GIB), "small").gpus == (0,)
+    assert one(a, Claim(memory_mib=10 * GIB), "more").gpus == (1,)
+
+
+def test_share_without_memory_takes_the_default_share_not_the_gpu() -> None:
+    a = Allocator(machine("workstation-4x-pcie"))
+    share = one(a, Claim(compute_pct=30))
+    assert share.devices[0].memory_mib == 49140 // 4 and share.devices[0].compute_pct == 30
+    b = Allocator(machine("workstation-4x-pcie"), AllocatorConfig(default_share_mib=1000))
+    assert one(b, Claim(compute_pct=30)).devices[0].memory_mib == 1000
+
+
+def test_compute_is_capacity_too() -> None:
+    a = Allocator(machine("workstation-4x-pcie"))
+    placements = a.allocate(Claim(memory_mib=1024, compute_pct=60), ["a", "b"], "ada")
+    assert placements[0].gpus != placements[1].gpus
+
+
+def test_distinct_replicas_land_on_distinct_gpus() -> None:
+    a = Allocator(machine("workstation-4x-pcie"))
+    placements = a.allocate(Claim(memory_mib=1024, distinct=True), ["a", "b", "c", "d"], "ada")
+    assert sorted(p.gpus[0] for p in placements) == [0, 1, 2, 3]
+    with pytest.raises(NeverFits, match="distinct GPUs"):
+        a.allocate(Claim(memory_mib=1024, distinct=True), list("efghi"), "ada")
+
+
+def test_a_share_never_lands_on_a_whole_gpu_and_the_reverse() -> None:
+    a = Allocator(machine("workstation-4x-pcie"))
+    whole = a.allocate(Claim(gpus=1), ["w0", "w1", "w2"], "ada")
+    share = one(a, Claim(memory_mib=1024), "s")
+    assert share.gpus[0] not in {p.gpus[0] for p in whole}
+    with pytest.raises(DoesNotFitNow, match="needs 1 whole GPU; 0 free"):
+        one(a, Claim(gpus=1), "w3")
+
+
+# --- every simulated machine --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", simulated_machine_names())
+def test_every_machine_fills_up_and_empties(name: str) -> None:
+    m = machine(name)
+    a = Allocator(m)
+    plain = [g.index for g in m.gpus if not g.mig_enabled]
+    if not plain:
+        with pytest.raises(NeverFits):
+            one(a, Claim(gpus=1))
+        return
+    with pytest.raises(NeverFits, match=f"needs {len(plain) + 1} GPUs"):
+        one(a, Claim(gpus=len(plain) + 1))
+    with pytest.raises(NeverFits, match="on one GPU; the largest GPU"):
+        one(a, Claim(memory_mib=max(g.memory_mib or 0 for g in m.gpus) + 1))
+    everything = one(a, Claim(gpus=len(plain)), "all")
+    assert everything.gpus == tuple(plain)
+    with pytest.raises(DoesNotFitNow):
+        one(a, Claim(memory_mib=1, compute_pct=1), "late")
+    a.release("all")
+    assert a.holdings() == ()
+    assert a.free_summary() == Allocator(m).free_summary()
+
+
+@pytest.mark.parametrize("name", [n for n in simulated_machine_names() if n != "cpu-only"])
+def test_every_machine_places_each_kind_of_claim(name: str) -> None:
+    m = machine(name)
+    a = Allocator(m)
+    one(a, Claim(gpus=1), "whole")
+    one(a, Claim(memory_mib=1024, compute_pct=10), "share")
+    one(a, Claim(gpus=min(2, len(m.gpus) - 1), colocate="numa"), "numa")
+    profiles = sorted({d.profile for g in m.gpus for d in g.mig_devices})
+    if profiles:
+        mig = one(a, Claim(mig=profiles[0]), "mig")
+        assert mig.devices[0].mig_uuid is not None and mig.devices[0].whole
+    for h in a.holdings():
+        assert h.group_id in {"whole", "share", "numa", "mig"}
+
+
+# --- MIG -----------------------------------------------------------------------------------------
+
+def test_mig_gpus_take_only_mig_claims_and_plain_memory_shares() -> None:
+    m = machine("dgx-a100-mig")
+    mig_gpus = {g.index for g in m.gpus if g.mig_enabled}
+    a = Allocator(m)
+    wholes = a.allocate(Claim(gpus=len(m.gpus) - len(mig_gpus)), ["all"], "ada")[0]
+    assert not set(wholes.gpus) & mig_gpus
+    with pytest.raises(NeverFits, match="MIG enabled"):
+        one(a, Claim(gpus=len(m.gpus)), "too-many")
+    with pytest.raises(DoesNotFitNow, match="MIG enabled"):
+        one(a, Claim(memory_mib=1024, compute_pct=10), "with-compute")
+    small = min((d for g in m.gpus for d in g.mig_devices), key=lambda d: d.memory_mib or 0)
+    share = one(a, Claim(memory_mib=small.memory_mib), "plain")
+    assert share.devices[0].mig_uuid == small.uuid
+    with pytest.raises(NeverFits, match="unknown MIG profile '9g.99gb'.*profiles: "):
+        one(a, Claim(mig="9g.99gb"), "bad")
+
+
+def test_mig_instances_are_taken_once() -> None:
+    m = machine("dgx-a100-mig")
+    profile_count: dict[str, int] = {}
+    for g in m.gpus:
+        for d in g.mig_devices:
+            profile_count[d.profile] = profile_count.get(d.profile, 0) + 1
+    profile, count = max(profile_count.items(), key=lambda kv: kv[1])
+    a = Allocator(m)
+    placements = a.allocate(Claim(mig=profile), [f"m{i}" for i in range(count)], "ada")
+    assert len({p.devices[0].mig_uuid for p in placements}) == count
+    with pytest.raises(DoesNotFitNow, match=f"a free MIG {profile} instance"):
+        one(a, Claim(mig=profile), "one-more")
+    with pytest.raises(NeverFits):
+        a.allocate(Claim(mig=profile), [f"x{i}" for i in range(count + 1)], "ada")
+
+
+# --- placement rules ----------------------------------------------------------------------------
+
+def test_colocation_failure_names_the_largest_free_island() -> None:
+    a = Allocator(islands(2, 4))
+    one(a, Claim(gpus=1, gpu_ids=(4,)), "x")
+    one(a, Claim(gpus=2, gpu_ids=(0, 1)), "y")
+    with pytest.raises(DoesNotFitNow) as info:
+        one(a, Claim(gpus=4, colocate="nvlink"), "z")
+    assert str(info.value) == "needs 4 NVLink-colocated GPUs; the largest free NVLink island has 3: GPUs 5-7"
+    with pytest.raises(NeverFits, match="needs 5 NVLink-colocated GPUs; the largest NVLink island"):
+        one(a, Claim(gpus=5, colocate="nvlink"), "z")
+
+
+def test_colocate_keeps_the_set_in_one_domain() -> None:
+    a = Allocator(machine("synthetic-72"))
+    for kind in ("nvlink", "pcie", "numa"):
+        for i in range(3):
+            p = one(a, Claim(gpus=2, colocate=kind), f"{kind}{i}")
+            assert p.domain is not None and set(p.gpus) <= p.domain
+            assert p.domain in load_machine("synthetic-72").domains(DomainKind(kind))
+
+
+def test_exclusive_domain_keeps_everyone_else_out() -> None:
+    m = machine("dgx-h100")
+    a = Allocator(m)
+    p = one(a, Claim(gpus=1, exclusive="numa"), "alone")
+    assert p.exclusive_domain == m.domain_of(DomainKind.NUMA, p.gpus[0])
+    others = a.allocate(Claim(gpus=1), ["b", "c", "d", "e"], "ada")
+    assert not {q.gpus[0] for q in others} & p.exclusive_domain
+    with pytest.raises(DoesNotFitNow, match="not usable: inside a domain another group holds exclusively"):
+        one(a, Claim(memory_mib=1024), "f")
+    a.release("b")
+    with pytest.raises(DoesNotFitNow, match="every NUMA node has a group in it"):
+        one(a, Claim(gpus=1, exclusive="numa"), "g")
+    a.release("alone")
+    assert len(a.allocate(Claim(gpus=1), ["h", "i", "j", "k", "l"], "ada")) == 5
+
+
+def test_exclusive_needs_an_unused_domain() -> None:
+    a = Allocator(machine("dgx-h100"))
+    one(a, Claim(memory_mib=1024, gpu_ids=(0,)), "s")
+    p = one(a, Claim(gpus=2, exclusive="numa"), "x")
+    assert p.exclusive_domain == frozenset({4, 5, 6, 7})
+
+
+def test_affinity_and_anti_affinity() -> None:
+    m = machine("dgx-h100")
+    a = Allocator(m)
+    one(a, Claim(memory_mib=1024, gpu_ids=(5,)), "db")
+    a.set_users("db", {"db"})
+    near = one(a, Claim(memory_mib=1024, affinity=(AffinityTerm("db"),)), "cache")
+    assert near.gpus == (5,)
+    numa = one(a, Claim(gpus=2, affinity=(AffinityTerm("db", "numa"),)), "etl")
+    assert set(numa.gpus) <= {4, 5, 6, 7}
+    far = one(a, Claim(gpus=1, anti_affinity=(AffinityTerm("db", "numa"),)), "web")
+    assert far.gpus[0] in {0, 1, 2, 3}
+    away = one(a, Claim(memory_mib=1024, anti_affinity=(AffinityTerm("db"),)), "other")
+    assert away.gpus != (5,)
+    with pytest.raises(DoesNotFitNow, match=r"not on the same GPU as ghost \(affinity\)"):
+        one(a, Claim(memory_mib=1024, affinity=(AffinityTerm("ghost"),)), "lonely")
+
+
+def test_pools_and_pinned_gpus() -> None:
+    config = AllocatorConfig(pools={"fast": frozenset({6, 7})})
+    a = Allocator(machine("dgx-h100"), config)
+    assert set(one(a, Claim(gpus=2, pool="fast"), "x").gpus) == {6, 7}
+    with pytest.raises(DoesNotFitNow):
+        one(a, Claim(gpus=1, pool="fast"), "y")
+    with pytest.raises(NeverFits, match="unknown pool 'slow' \\(pools: fast\\)"):
+        one(a, Claim(gpus=1, pool="slow"), "y")
+    with pytest.raises(NeverFits, match="needs 3 GPUs; pool 'fast' has 2"):
+        one(a, Claim(gpus=3, pool="fast"), "y")
+    assert one(a, Claim(gpus=1, gpu_ids=(3,)), "pinned").gpus == (3,)
+    with pytest.raises(NeverFits, match="gpu_ids names GPU 9"):
+        one(a, Claim(gpus=1, gpu_ids=(9,)), "z")
+
+
+def test_draining_and_foreign_processes() -> None:
+    a = Allocator(machine("workstation-4x-pcie"))
+    a.set_unavailable([0, 1])
+    a.set_foreign({2: 45000})
+    assert one(a, Claim(gpus=1), "w").gpus == (3,)
+    with pytest.raises(DoesNotFitNow) as info:
+        one(a, Claim(gpus=1), "x")
+    assert "draining or unhealthy: GPUs 0,1" in str(info.value)
+    assert "allow_busy" in str(info.value)
+    assert one(a, Claim(gpus=1, allow_busy=True), "busy").gpus == (2,)
+    a.release("busy")
+    with pytest.raises(DoesNotFitNow, match="the most free is 4140 MiB"):
+        one(a, Claim(memory_mib=5000), "share")
+    assert one(a, Claim(memory_mib=4000), "share").gpus == (2,)
+    use = {u.gpu: u for u in a.free_summary()}
+    assert use[2].memory_foreign_mib == 45000 and use[2].memory_free_mib == 140
+    assert not use[0].available and not use[0].whole_free
+
+
+# --- priority and reservations ---------------------------------------------------------------
+
+def test_higher_priority_displaces_reservations_only() -> None:
+    a = Allocator(machine("dgx-h100"))
+    a.allocate(Claim(gpus=4), ["res"], "ada", reserved=True)
+    a.allocate(Claim(gpus=4), ["run"], "bob")
+    with pytest.raises(DoesNotFitNow):
+        one(a, Claim(gpus=2), "same-priority")
+    before = a.holdings()
+    p = one(a, Claim(gpus=2, priority=1), "urgent")
+    assert p.displaced == ("res",)
+    assert {h.group_id for h in a.holdings()} == {"run", "urgent"}
+    assert len(before) == 2
+    with pytest.raises(DoesNotFitNow):
+        one(a, Claim(gpus=4, priority=9), "greedy")
+
+
+def test_taken_reservations_are_no_longer_displaceable() -> None:
+    a = Allocator(machine("dgx-h100"))
+    a.allocate(Claim(gpus=8), ["res"], "ada", reserved=True)
+    a.mark_allocated("res")
+    with pytest.raises(DoesNotFitNow):
+        one(a, Claim(gpus=1, priority=5), "urgent")
+    assert not a.holdings()[0].reserved
+
+
+def test_displacing_a_share_takes_only_what_is_needed() -> None:
+    a = Allocator(machine("workstation-4x-pcie"))
+    a.allocate(Claim(memory_mib=20 * GIB, priority=0), ["r0", "r1"], "ada", reserved=True)
+    a.allocate(Claim(gpus=1), ["w1", "w2", "w3"], "bob")
+    p = one(a, Claim(memory_mib=20 * GIB, priority=3), "urgent")
+    assert p.displaced == ("r0",)
+
+
+# --- bookkeeping --------------------------------------------------------------------------------
+
+def test_failed_batch_changes_nothing() -> None:
+    a = Allocator(machine("dgx-h100"))
+    a.allocate(Claim(gpus=2), ["a"], "ada")
+    before = (a.holdings(), a.free_summary())
+    with pytest.raises(DoesNotFitNow, match=r"group 4 of 4"):
+        a.allocate(Claim(gpus=2), ["b", "c", "d", "e"], "ada")
+    assert (a.holdings(), a.free_summary()) == before
+
+
+def test_group_ids_must_be_new_and_unique() -> None:
+    a = Allocator(machine("dgx-h100"))
+    one(a, Claim(gpus=1), "a")
+    with pytest.raises(ValueError, match="already placed"):
+        one(a, Claim(gpus=1), "a")
+    with pytest.raises(ValueError, match="twice"):
+        a.allocate(Claim(gpus=1), ["b", "b"], "ada")
+    with pytest.raises(KeyError):
+        a.release("nope")
+
+
+def test_restore_rebuilds_the_same_state() -> None:
+    m = machine("synthetic-72")
+    a = Allocator(m)
+    a.allocate(Claim(gpus=4, colocate="nvlink"), ["a", "b"], "ada")
+    a.allocate(Claim(memory_mib=4096), ["c", "d", "e"], "bob", reserved=True)
+    a.allocate(Claim(gpus=1, exclusive="pcie"), ["f"], "cy")
+    a.set_users("a", {"web", "shadow"})
+    b = Allocator(m)
+    b.restore(a.holdings())
+    assert b.holdings() == a.holdings()
+    assert b.free_summary() == a.free_summary()
+    claim = Claim(gpus=2)
+    assert b.allocate(claim, ["next"], "ada") == a.allocate(claim, ["next"], "ada")
+
+
+def test_restore_accepts_more_than_fits() -> None:
+    m = machine("workstation-4x-pcie")
+    whole = (DeviceShare(0, None, 49140, 100, True),)
+    a = Allocator(m)
+    a.restore([Holding("x", whole, "ada"), Holding("y", whole, "bob"),
+               Holding("z", (DeviceShare(9, None, 1, 1, False),), "gone")])
+    use = a.free_summary()[0]
+    assert use.memory_free_mib == 0 and set(use.groups) == {"x", "y"}
+    a.release("x")
+    a.release("z")
+    with pytest.raises(DoesNotFitNow):
+        one(a, Claim(gpus=1, gpu_ids=(0,)), "w")
+
+
+def test_same_inputs_same_answers() -> None:
+    def run() -> list:
+        a = Allocator(machine("synthetic-72"))
+        out = []
+        for i, claim in enumerate([Claim(gpus=3), Claim(memory_mib=5000), Claim(gpus=8),
+                                   Claim(gpus=2, strategy="spread"), Claim(compute_pct=50, distinct=True)]):
+            out.append(a.allocate(claim, [f"g{i}", f"h{i}"], "ada"))
+        return out
+
+    assert run() == run()
+
+
+def test_errors_are_placement_errors() -> None:
+    assert issubclass(NeverFits, PlacementError) and issubclass(DoesNotFitNow, PlacementError)
+    with pytest.raises(NeverFits):
+        one(Allocator(machine("cpu-only")), Claim(memory_mib=1))
+
+
+def test_a_claim_without_strategy_takes_the_configured_default() -> None:
+    from computegroups.daemon.placement.allocator import Allocator
+    from computegroups.daemon.model.claims import AllocatorConfig, Claim, Strategy
+    from computegroups.topology import load_machine
+
+    machine = load_machine("workstation-4x-pcie")
+    shares = [Claim(memory_mib=10240) for _ in range(3)]
+    spread = Allocator(machine, AllocatorConfig(default_strategy=Strategy.SPREAD))
+    packed = Allocator(machine, AllocatorConfig())
+    spread_gpus = {spread.allocate(c, [f"s{i}"], "x")[0].devices[0].gpu for i, c in enumerate(shares)}
+    packed_gpus = {packed.allocate(c, [f"p{i}"], "x")[0].devices[0].gpu for i, c in enumerate(shares)}
+    assert len(spread_gpus) == 3 and len(packed_gpus) == 1
