@@ -30,7 +30,6 @@ from computegroups.daemon.core.transactions import (
     group_record,
     new_component_records,
     new_reservation,
-    release_if_held,
     release_reservation,
     remove_component,
     scale_component,
@@ -47,6 +46,7 @@ from computegroups.daemon.core.workers import (
     write_role,
 )
 from computegroups.statefiles.schema import StateDoc
+from computegroups.daemon.model.refs import component_of, ReplicaRef
 
 log = logging.getLogger("cgd.manager")
 
@@ -313,7 +313,7 @@ class Manager:
         a scale-in meanwhile would pull that group from under the new user."""
         if name is None:
             return
-        owners = {g.owner for g in self.doc.groups.values() if any(u.split("/")[0] == name for u in g.users)}
+        owners = {g.owner for g in self.doc.groups.values() if any(component_of(u) == name for u in g.users)}
         self.check_idle(name, *sorted(owners))
 
     async def release(self, caller: Caller, name: str) -> dict[str, Any]:
@@ -474,7 +474,7 @@ class Manager:
                 raise NotFound(f"no reservation named {name!r}")
             check_owner(caller, res.owner_uid, f"reservation {name!r}")
             with self.keeper.transaction() as doc:
-                groups = release_reservation(doc, self.keeper, name)
+                groups = release_reservation(doc, name)
             return {"released": name, "groups": groups}
 
     async def create_group(self, caller: Caller, claim: Claim) -> dict[str, Any]:
@@ -482,8 +482,8 @@ class Manager:
             with self.keeper.transaction() as doc:
                 n = max([int(g.split(".", 1)[1]) for g in doc.groups if g.startswith("group.")] + [0]) + 1
                 gid = f"group.{n}"
-                (placement,) = self.keeper.place(claim, [gid], f"@{caller.uid}")
-                drop_displaced(doc, self.keeper, (placement,))
+                (placement,) = self.keeper.place(doc, claim, [gid], f"@{caller.uid}")
+                drop_displaced(doc, (placement,))
                 doc.groups[gid] = group_record(
                     self.keeper.machine, placement, claim, owner=f"@{caller.uid}",
                     owner_uid=caller.uid, owner_gid=caller.gid, users=(), scope="all-replicas",
@@ -499,7 +499,6 @@ class Manager:
                 raise Conflict(f"group {gid!r} belongs to {g.owner!r}: release that instead")
             with self.keeper.transaction() as doc:
                 del doc.groups[gid]
-                release_if_held(self.keeper.allocator, gid)
             return {"released": gid}
 
     async def drain_group(self, caller: Caller, gid: str) -> dict[str, Any]:
@@ -550,7 +549,7 @@ class Manager:
                         doc.groups[g.id] = replace(current, state="allocated")
                 if not drain:
                     for name, comp in list(doc.components.items()):
-                        mine = [g for g in doc.groups.values() if any(u.split("/")[0] == name for u in g.users)]
+                        mine = [g for g in doc.groups.values() if any(component_of(u) == name for u in g.users)]
                         if comp.state == "degraded" and not any(g.state == "degraded" for g in mine):
                             doc.components[name] = replace(comp, state="running" if comp.spec.get("command") else "allocated")
             return {"gpu": index, "drained": drain, "groups": sorted(g.id for g in groups)}
@@ -591,7 +590,7 @@ class Manager:
                     doc.drained = tuple(sorted(set(doc.drained) | uuids))
                     for gid in hit:
                         doc.groups[gid] = replace(doc.groups[gid], state="degraded")
-                    for name in {u.split("/")[0] for gid in hit for u in doc.groups[gid].users}:
+                    for name in {component_of(u) for gid in hit for u in doc.groups[gid].users}:
                         if name in doc.components and doc.components[name].state != "releasing":
                             doc.components[name] = replace(doc.components[name], state="degraded")
         for i, f in facts.items():
@@ -599,8 +598,8 @@ class Manager:
                 log.warning("worker %s uses %d MiB on GPU %d, over its share of %d MiB",
                             over["replica"], over["used_memory_mib"], i, over["share_mib"])
                 if self.config.share_enforcement == "stop":
-                    name, _, replica = over["replica"].partition("/")
-                    key = watcher_key(name, int(replica))
+                    over_ref = ReplicaRef.parse(over["replica"])
+                    key = watcher_key(over_ref.component, over_ref.index)
                     if self.supervisor.is_running(key):
                         self._stopping.add(key)
                         try:
@@ -621,7 +620,7 @@ class Manager:
             if expired:
                 with self.keeper.transaction() as doc:
                     for name in expired:
-                        release_reservation(doc, self.keeper, name)
+                        release_reservation(doc, name)
                 log.info("reservations expired: %s", ", ".join(expired))
             dead = [c for c in self.doc.components.values()
                     if c.lease_pid and c.state != "releasing" and c.name not in self._busy
@@ -664,7 +663,7 @@ class Manager:
     def groups(self, component: str | None, state: str | None, gpu: int | None) -> list[dict[str, Any]]:
         out = []
         for g in sorted(self.doc.groups.values(), key=lambda g: g.id):
-            if component and component != g.owner and not any(u.split("/")[0] == component for u in g.users):
+            if component and component != g.owner and not any(component_of(u) == component for u in g.users):
                 continue
             if state and g.state != state:
                 continue

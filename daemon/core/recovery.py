@@ -22,6 +22,7 @@ from computegroups.daemon.core.transactions import remove_component
 from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
 from computegroups.statefiles.store import mark_lost
+from computegroups.daemon.model.refs import component_of
 
 log = logging.getLogger("cgd.recovery")
 
@@ -72,7 +73,7 @@ async def recover(manager: Manager) -> RecoveryReport:
             lost = sorted(gid for gid, g in doc.groups.items() if g.state == "lost" and gid not in before)
             for gid in lost:
                 log.error("group %s is lost: one of its GPUs is no longer in this machine", gid)
-            lost_users = {u.split("/")[0] for gid, g in doc.groups.items() if g.state == "lost" for u in g.users}
+            lost_users = {component_of(u) for gid, g in doc.groups.items() if g.state == "lost" for u in g.users}
             for name in lost_users:
                 if name in doc.components:
                     doc.components[name] = replace(doc.components[name], state="lost")

@@ -14,14 +14,13 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
-from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement, PlacementError
+from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.config import DaemonConfig
-from computegroups.daemon.deployments.plan import expand
-from computegroups.daemon.model.deployment import DeploymentSpec
 from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, InsufficientCapacity, NotFound, Unsatisfiable
+from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
 from computegroups.daemon.core.workers import replica_groups, replica_ref
 from computegroups.statefiles.schema import (
@@ -32,7 +31,7 @@ from computegroups.statefiles.schema import (
     StateDoc,
     WorkerRecord,
 )
-from computegroups.statefiles.store import StateStore
+from computegroups.statefiles.store import StateStore, Transaction
 from computegroups.topology.model import Machine
 
 log = logging.getLogger("cgd.manager")
@@ -51,18 +50,23 @@ class Caller:
         return self.uid == 0
 
 
-def group_ids_for(name: str, scope: str, replicas: range) -> list[str]:
+def group_ids_for(name: str, scope: str, replicas: range) -> dict[str, int | None]:
+    """The ids of a component's own groups, each with the replica it serves (None: all of them)."""
     if scope == "all-replicas":
-        return [f"{name}-all"]
-    return [f"{name}-{i}" for i in replicas]
+        return {f"{name}-all": None}
+    return {f"{name}-{i}": i for i in replicas}
 
 
 class StateKeeper:
-    """The state file plus the allocator that mirrors it, kept in step.
+    """The state document, and the allocator's view of it that never goes stale.
 
-    Every decision runs inside `transaction()`: if anything raises, the state
-    file is not written and the allocator is rebuilt from the last committed
-    document, so memory and disk never disagree.
+    The document read under the lock is the one truth. The allocator's ledger
+    is derived from it: brought in line before every placement and at every
+    commit (`Allocator.follow` touches only the groups that differ), and
+    rebuilt when the lock is taken if the document's generation is not the
+    one the ledger followed (another process committed, or a commit failed).
+    If anything raises inside `transaction()`, nothing is written and the
+    ledger follows the last committed document again.
     """
 
     def __init__(self, machine: Machine, store: StateStore, config: DaemonConfig,
@@ -75,30 +79,37 @@ class StateKeeper:
         self.doc: StateDoc = store.load()
         self.unhealthy: set[int] = set()
         self.foreign: dict[int, int] = {}
-        self.allocator = self._build_allocator(self.doc)
+        self.path_owner: Callable[[StateDoc, str], str | None] = lambda doc, name: None
+        """The deployment whose plan names `name` (a set, scaling group or component path), if any.
 
-    def _build_allocator(self, doc: StateDoc) -> Allocator:
-        allocator = Allocator(self.machine, self.config.allocator)
-        allocator.restore(self._holdings(doc))
-        allocator.set_unavailable(self.unavailable_gpus(doc))
-        allocator.set_foreign(self.foreign)
-        return allocator
+        Plans are the deployments layer's business: it installs this when it
+        is set up, so the core never reads a deployment file."""
+        self.allocator = Allocator(machine, config.allocator)
+        self._followed = -1
+        """The generation of the document the ledger was last brought in line with."""
+        self._follow(self.doc)
 
-    def _holdings(self, doc: StateDoc) -> list[Holding]:
+    def _follow(self, doc: StateDoc) -> None:
+        self.allocator.follow(self._holdings(doc))
+        self.allocator.set_unavailable(self.unavailable_gpus(doc))
+        self.allocator.set_foreign(self.foreign)
+        self._followed = doc.generation
+
+    def _holdings(self, doc: StateDoc) -> dict[str, Holding]:
         present = {g.uuid for g in self.machine.gpus}
-        out = []
+        out = {}
         for g in doc.groups.values():
             if g.state == "lost" or any(d.gpu_uuid not in present for d in g.devices):
                 continue
-            out.append(Holding(
+            out[g.id] = Holding(
                 group_id=g.id,
                 devices=tuple(device_share(d) for d in g.devices),
                 owner=g.owner,
-                users=frozenset(u.split("/")[0] for u in g.users),
+                users=frozenset(component_of(u) for u in g.users),
                 exclusive_domain=frozenset(g.exclusive_domain) if g.exclusive_domain else None,
                 priority=g.priority,
                 reserved=g.state == "reserved",
-            ))
+            )
         return out
 
     def unavailable_gpus(self, doc: StateDoc) -> set[int]:
@@ -111,27 +122,38 @@ class StateKeeper:
 
     @contextmanager
     def transaction(self) -> Iterator[StateDoc]:
+        with self._open() as txn:
+            yield txn.doc
+
+    @contextmanager
+    def _open(self) -> Iterator[Transaction]:
         try:
             with (txn := self.store.transaction()) as doc:
-                yield doc
-                self.allocator.set_unavailable(self.unavailable_gpus(doc))
+                if doc.generation != self._followed:
+                    self._follow(doc)
+                yield txn
+                self._follow(txn.doc)
+            assert txn.committed is not None
             self.doc = txn.committed
-        except PlacementError:
-            raise
+            self._followed = self.doc.generation
         except BaseException:
-            self.allocator = self._build_allocator(self.doc)
+            self._follow(self.doc)
             raise
 
     def restore(self, earlier: StateDoc) -> None:
-        """Commit `earlier`'s content again, under a new generation, and rebuild the allocator from it."""
-        with self.transaction() as doc:
-            for f in fields(StateDoc):
-                if f.name not in ("schema_version", "generation"):
-                    setattr(doc, f.name, copy.deepcopy(getattr(earlier, f.name)))
-        self.allocator = self._build_allocator(self.doc)
+        """Commit `earlier`'s content again, under a new generation."""
+        with self._open() as txn:
+            txn.doc = copy.deepcopy(earlier)
 
-    def place(self, claim: Claim, group_ids: list[str], owner: str, *, reserved: bool = False) -> tuple[Placement, ...]:
-        """The allocator's answer, with its two refusals turned into API errors."""
+    def place(self, doc: StateDoc, claim: Claim, group_ids: list[str], owner: str, *,
+              reserved: bool = False) -> tuple[Placement, ...]:
+        """The allocator's answer against `doc` as it stands in the open transaction.
+
+        The ledger follows `doc` first, so what this transaction already
+        changed (a group just placed and its users, a reservation taken, a
+        group freed) counts for this decision.
+        """
+        self._follow(doc)
         try:
             return self.allocator.allocate(claim, group_ids, owner, reserved=reserved)
         except NeverFits as exc:
@@ -183,15 +205,14 @@ def component_or_404(doc: StateDoc, name: str) -> ComponentRecord:
     return comp
 
 
-def attach_refs(doc: StateDoc, group_ids: list[str], refs: list[str], allocator: Allocator) -> None:
+def attach_refs(doc: StateDoc, group_ids: list[str], refs: list[str]) -> None:
     for gid in group_ids:
         g = doc.groups[gid]
         users = tuple(sorted(set(g.users) | set(refs)))
         doc.groups[gid] = replace(g, users=users)
-        allocator.set_users(gid, {u.split("/")[0] for u in users})
 
 
-def detach_refs(doc: StateDoc, refs: set[str], allocator: Allocator, releasing: set[str]) -> list[str]:
+def detach_refs(doc: StateDoc, refs: set[str], releasing: set[str]) -> list[str]:
     """Drop replica refs from every group and release the groups nobody needs.
 
     A group left without users survives only when it is an all-replicas group
@@ -205,20 +226,10 @@ def detach_refs(doc: StateDoc, refs: set[str], allocator: Allocator, releasing: 
         owner_stays = g.owner in doc.components and g.owner not in releasing
         if users or (g.scope == "all-replicas" and owner_stays):
             doc.groups[gid] = replace(g, users=users)
-            allocator.set_users(gid, {u.split("/")[0] for u in users})
         else:
             del doc.groups[gid]
-            release_if_held(allocator, gid)
             freed.append(gid)
     return freed
-
-
-def release_if_held(allocator: Allocator, gid: str) -> None:
-    """Lost groups were never given to the allocator; everything else was."""
-    try:
-        allocator.release(gid)
-    except KeyError:
-        pass
 
 
 def new_component_records(
@@ -229,7 +240,7 @@ def new_component_records(
     name = request.name
     if name in doc.components:
         raise Conflict(f"component {name!r} exists: release it first or pick another name")
-    owner = deployment_using(doc, name)
+    owner = keeper.path_owner(doc, name)
     if owner is not None:
         raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")
     replicas = request.replicas
@@ -251,7 +262,7 @@ def new_component_records(
         for i, ref in refs_by_replica.items():
             if request.scope == "all-replicas":
                 targets = sorted({g.id for g in doc.groups.values()
-                                  if any(u.split("/")[0] == target_name for u in g.users)})
+                                  if any(component_of(u) == target_name for u in g.users)})
             else:
                 if i >= target.replicas:
                     raise BadRequest(
@@ -259,7 +270,7 @@ def new_component_records(
                         f"per-replica sharing cannot give replica {i} a group"
                     )
                 targets = [g.id for g in doc.groups.values() if replica_ref(target_name, i) in g.users]
-            attach_refs(doc, targets, [ref], keeper.allocator)
+            attach_refs(doc, targets, [ref])
     elif reservation is not None:
         check_owner(caller, reservation.owner_uid, f"reservation {name!r}")
         groups = [doc.groups[g] for g in reservation.group_ids if g in doc.groups]
@@ -272,8 +283,6 @@ def new_component_records(
             users = tuple(refs_by_replica.values()) if g.scope == "all-replicas" else (
                 replica_ref(name, g.replica or 0),)
             doc.groups[g.id] = replace(g, state="allocated", owner=name, users=users)
-            keeper.allocator.mark_allocated(g.id)
-            keeper.allocator.set_users(g.id, {name})
         del doc.reservations[name]
         request = replace(request, claim=Claim.from_dict(groups[0].claim) if groups else request.claim,
                           scope=scope)
@@ -281,10 +290,10 @@ def new_component_records(
         if request.claim is None:
             raise BadRequest("claim: required (or share_with, shadow_of, or a reservation of this name)")
         ids = group_ids_for(name, request.scope, range(replicas))
-        placements = keeper.place(request.claim, ids, name)
-        drop_displaced(doc, keeper, placements)
+        placements = keeper.place(doc, request.claim, list(ids), name)
+        drop_displaced(doc, placements)
         for p in placements:
-            replica = None if request.scope == "all-replicas" else int(p.group_id.rsplit("-", 1)[1])
+            replica = ids[p.group_id]
             users = tuple(refs_by_replica.values()) if replica is None else (replica_ref(name, replica),)
             doc.groups[p.group_id] = group_record(
                 keeper.machine, p, request.claim, owner=name, owner_uid=caller.uid,
@@ -310,15 +319,7 @@ def new_component_records(
     return comp
 
 
-def deployment_using(doc: StateDoc, name: str) -> str | None:
-    """The deployment whose plan names `name` (a set, scaling group or component path), if any."""
-    for record in doc.deployments.values():
-        if name in expand(DeploymentSpec.from_dict(record.spec)).owners:
-            return record.name
-    return None
-
-
-def drop_displaced(doc: StateDoc, keeper: StateKeeper, placements: tuple[Placement, ...]) -> None:
+def drop_displaced(doc: StateDoc, placements: tuple[Placement, ...]) -> None:
     """Reservations a higher priority claim took over lose all their groups."""
     displaced = {gid for p in placements for gid in p.displaced}
     if not displaced:
@@ -328,8 +329,6 @@ def drop_displaced(doc: StateDoc, keeper: StateKeeper, placements: tuple[Placeme
             log.warning("reservation %s displaced by a higher-priority claim", name)
             for gid in res.group_ids:
                 doc.groups.pop(gid, None)
-                if gid not in displaced:
-                    release_if_held(keeper.allocator, gid)
             del doc.reservations[name]
 
 
@@ -339,15 +338,15 @@ def new_reservation(doc: StateDoc, keeper: StateKeeper, request: ReservationRequ
         raise Conflict(f"reservation {name!r} exists: release it first or pick another name")
     if name in doc.components:
         raise Conflict(f"component {name!r} exists already: a reservation is taken by allocating its name")
-    owner = deployment_using(doc, name)
+    owner = keeper.path_owner(doc, name)
     if owner is not None:
         raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")
     ids = group_ids_for(name, request.scope, range(request.replicas))
-    placements = keeper.place(request.claim, ids, name, reserved=True)
-    drop_displaced(doc, keeper, placements)
+    placements = keeper.place(doc, request.claim, list(ids), name, reserved=True)
+    drop_displaced(doc, placements)
     now = keeper.clock()
     for p in placements:
-        replica = None if request.scope == "all-replicas" else int(p.group_id.rsplit("-", 1)[1])
+        replica = ids[p.group_id]
         doc.groups[p.group_id] = group_record(
             keeper.machine, p, request.claim, owner=name, owner_uid=caller.uid,
             owner_gid=caller.gid, users=(), scope=request.scope, replica=replica,
@@ -363,11 +362,10 @@ def new_reservation(doc: StateDoc, keeper: StateKeeper, request: ReservationRequ
     return record
 
 
-def release_reservation(doc: StateDoc, keeper: StateKeeper, name: str) -> list[str]:
+def release_reservation(doc: StateDoc, name: str) -> list[str]:
     res = doc.reservations.pop(name)
     for gid in res.group_ids:
-        if doc.groups.pop(gid, None) is not None:
-            release_if_held(keeper.allocator, gid)
+        doc.groups.pop(gid, None)
     return list(res.group_ids)
 
 
@@ -376,8 +374,8 @@ def dependents(doc: StateDoc, name: str) -> tuple[list[str], list[str]]:
     shadows = sorted(c.name for c in doc.components.values() if c.shadow_of == name)
     own = {gid for gid, g in doc.groups.items() if g.owner == name}
     sharers = sorted({
-        u.split("/")[0] for gid in own for u in doc.groups[gid].users
-        if u.split("/")[0] not in (name, *shadows)
+        component_of(u) for gid in own for u in doc.groups[gid].users
+        if component_of(u) not in (name, *shadows)
     })
     return shadows, sharers
 
@@ -386,15 +384,14 @@ def remove_component(doc: StateDoc, keeper: StateKeeper, name: str, releasing: s
     """Forget a component whose workers are already stopped; returns freed groups."""
     comp = doc.components[name]
     refs = {replica_ref(name, i) for i in range(max(comp.replicas, 1))}
-    refs |= {u for g in doc.groups.values() for u in g.users if u.split("/")[0] == name}
+    refs |= {u for g in doc.groups.values() for u in g.users if component_of(u) == name}
     for key in [k for k, w in doc.workers.items() if w.component == name]:
         del doc.workers[key]
-    freed = detach_refs(doc, refs, keeper.allocator, releasing)
+    freed = detach_refs(doc, refs, releasing)
     reserved = {gid for r in doc.reservations.values() for gid in r.group_ids}
     for gid, g in list(doc.groups.items()):
         if g.owner == name and not g.users and gid not in reserved:
             del doc.groups[gid]
-            release_if_held(keeper.allocator, gid)
             freed.append(gid)
     del doc.components[name]
     return freed
@@ -406,7 +403,7 @@ def check_scale_in(doc: StateDoc, comp: ComponentRecord, replicas: int) -> None:
     for i in range(replicas, comp.replicas):
         for g in replica_groups(doc, comp.name, i):
             if g.scope == "per-replica":
-                others = sorted({u.split("/")[0] for u in g.users} - {comp.name} - shadows)
+                others = sorted({component_of(u) for u in g.users} - {comp.name} - shadows)
                 if others:
                     raise Conflict(f"component {others[0]!r} uses group {g.id!r} of replica {i}: "
                                    "release or scale it first")
@@ -436,7 +433,7 @@ def scale_component(
         removed = {replica_ref(n, i) for n in (comp.name, *shadows) for i in range(replicas, old)}
         for key in [k for k in doc.workers if k in removed]:
             del doc.workers[key]
-        detach_refs(doc, removed, keeper.allocator, set())
+        detach_refs(doc, removed, set())
     elif replicas > old:
         new = range(old, replicas)
         if request.share_with:
@@ -445,20 +442,21 @@ def scale_component(
                 ref = replica_ref(comp.name, i)
                 if request.scope == "all-replicas":
                     targets = sorted({g.id for g in doc.groups.values()
-                                      if any(u.split("/")[0] == target.name for u in g.users)})
+                                      if any(component_of(u) == target.name for u in g.users)})
                 else:
                     if i >= target.replicas:
                         raise BadRequest(f"replicas: {target.name!r} has only {target.replicas} replicas to share")
                     targets = [g.id for g in doc.groups.values() if replica_ref(target.name, i) in g.users]
-                attach_refs(doc, targets, [ref], keeper.allocator)
+                attach_refs(doc, targets, [ref])
         elif request.scope == "all-replicas":
-            attach_refs(doc, [f"{comp.name}-all"], [replica_ref(comp.name, i) for i in new], keeper.allocator)
+            attach_refs(doc, [f"{comp.name}-all"], [replica_ref(comp.name, i) for i in new])
         else:
             assert request.claim is not None
-            placements = keeper.place(request.claim, group_ids_for(comp.name, "per-replica", new), comp.name)
-            drop_displaced(doc, keeper, placements)
+            ids = group_ids_for(comp.name, "per-replica", new)
+            placements = keeper.place(doc, request.claim, list(ids), comp.name)
+            drop_displaced(doc, placements)
             for p in placements:
-                replica = int(p.group_id.rsplit("-", 1)[1])
+                replica = ids[p.group_id]
                 doc.groups[p.group_id] = group_record(
                     keeper.machine, p, request.claim, owner=comp.name, owner_uid=comp.owner_uid,
                     owner_gid=comp.owner_gid, users=(replica_ref(comp.name, replica),),
@@ -467,7 +465,7 @@ def scale_component(
         for shadow in shadows:
             for i in new:
                 targets = [g.id for g in replica_groups(doc, comp.name, i)]
-                attach_refs(doc, targets, [replica_ref(shadow, i)], keeper.allocator)
+                attach_refs(doc, targets, [replica_ref(shadow, i)])
         for name in (comp.name, *shadows):
             member = doc.components[name]
             if member.spec.get("command"):

@@ -12,6 +12,7 @@ from computegroups.daemon.core.workers import replica_groups, replica_ref, visib
 from computegroups.daemon.supervision.workerenv import cuda_visible_devices
 from computegroups.statefiles.schema import ComponentRecord, GroupRecord, ReservationRecord, StateDoc
 from computegroups.topology.model import Machine
+from computegroups.daemon.model.refs import component_of
 
 
 def owner_view(uid: int, gid: int) -> dict[str, Any]:
@@ -120,7 +121,7 @@ def gpu_status(
             (g.owner for g in groups for d in g.devices
              if d.gpu_index == gpu.index and d.whole and d.mig_uuid is None), None,
         )
-        components = sorted({u.split("/")[0] for g in groups for u in g.users} |
+        components = sorted({component_of(u) for g in groups for u in g.users} |
                             {g.owner for g in groups if g.state == "reserved"})
         facts = health.get(gpu.index, {})
         out.append({

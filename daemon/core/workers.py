@@ -15,6 +15,7 @@ from pathlib import Path
 
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.paths import RUNTIME_MODE, own_dir
+from computegroups.daemon.model.refs import ReplicaRef
 from computegroups.daemon.model.requests import ComponentRequest
 from computegroups.daemon.supervision.supervisor import RestartPolicy, WorkerSpec
 from computegroups.daemon.supervision.workerenv import MpsSettings, VisibleDevice, owner_env, worker_env
@@ -26,7 +27,7 @@ INSTANCE_VAR = "CG_INSTANCE"
 
 def replica_ref(component: str, replica: int) -> str:
     """How a replica is named in a group's users and in the worker table."""
-    return f"{component}/{replica}"
+    return str(ReplicaRef(component, replica))
 
 
 def watcher_key(component: str, replica: int) -> str:

@@ -45,9 +45,9 @@ from computegroups.daemon.core.transactions import (
     check_owner,
     drop_displaced,
     group_record,
-    release_if_held,
 )
 from computegroups.statefiles.schema import ComponentRecord, DeploymentRecord, StateDoc, WorkerRecord
+from computegroups.daemon.model.refs import component_of, ReplicaRef
 
 log = logging.getLogger("cgd.deployments")
 
@@ -107,6 +107,7 @@ class Deployments:
     def __init__(self, manager: Manager) -> None:
         self.manager = manager
         self.keeper = manager.keeper
+        self.keeper.path_owner = deployment_using
         self._busy: set[str] = set()
 
     async def apply(self, caller: Caller, data: Any, source: str | None) -> dict[str, Any]:
@@ -257,6 +258,14 @@ class Deployments:
                      len(diff.stale_groups))
 
 
+def deployment_using(doc: StateDoc, name: str) -> str | None:
+    """The deployment whose plan names `name` (a set, scaling group or component path), if any."""
+    for record in doc.deployments.values():
+        if name in expand(DeploymentSpec.from_dict(record.spec)).owners:
+            return record.name
+    return None
+
+
 def _checked(decide: Callable[[], Any], source: str | None = None) -> Any:
     try:
         return decide()
@@ -292,7 +301,7 @@ def _diff(doc: StateDoc, name: str, plan: Plan, spec: DeploymentSpec | None, own
     diff = _Diff(name, plan, spec, owner, source)
     ours = mine | set(plan.instances)
     for gid in sorted(held):
-        foreign = tuple(u for u in doc.groups[gid].users if u.split("/")[0] not in ours)
+        foreign = tuple(u for u in doc.groups[gid].users if component_of(u) not in ours)
         if foreign and gid not in plan.groups:
             raise Conflict(f"group {gid!r} of deployment {name!r} is also used by {foreign[0]!r}: "
                            "release that first")
@@ -342,27 +351,24 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
         del doc.workers[ref]
     for gid in diff.stale_groups:
         del doc.groups[gid]
-        release_if_held(keeper.allocator, gid)
     for gid in diff.kept_groups:
         users = tuple(sorted(set(plan.groups[gid].users) | set(diff.foreign_users.get(gid, ()))))
         if users != doc.groups[gid].users:
             doc.groups[gid] = replace(doc.groups[gid], users=users)
-            keeper.allocator.set_users(gid, {u.split("/")[0] for u in users})
     batches: dict[tuple[str, str], list[str]] = {}
     for gid in diff.new_groups:
         batches.setdefault((plan.groups[gid].origin, plan.groups[gid].owner), []).append(gid)
     for (_, owner), ids in batches.items():
         assert diff.spec is not None, "only a deployment that stays gets new groups"
         claim = diff.spec.claim(plan.groups[ids[0]].claim)
-        placements = keeper.place(claim, ids, owner)
-        drop_displaced(doc, keeper, placements)
+        placements = keeper.place(doc, claim, ids, owner)
+        drop_displaced(doc, placements)
         for p in placements:
             g = plan.groups[p.group_id]
             doc.groups[g.id] = group_record(
                 keeper.machine, p, claim, owner=g.owner, owner_uid=owner_uid, owner_gid=owner_gid,
                 users=g.users, scope=g.scope, replica=g.replica, state="allocated", created=now,
             )
-            keeper.allocator.set_users(g.id, {u.split("/")[0] for u in g.users})
     for path in diff.gone_components:
         del doc.components[path]
     for path, inst in plan.instances.items():
@@ -381,7 +387,7 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
     for ref in diff.new_workers:
         inst = refs[ref]
         doc.workers[ref] = WorkerRecord(
-            component=inst.path, replica=int(ref.rsplit("/", 1)[1]),
+            component=inst.path, replica=ReplicaRef.parse(ref).index,
             role="shadow" if inst.shadow_of else "primary", pid=None, create_time=None, started_at=now,
         )
     if diff.spec is None:

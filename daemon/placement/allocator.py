@@ -83,13 +83,25 @@ class Allocator:
             raise KeyError(f"no live group {group_id!r}")
         self.ledger.remove(group_id)
 
-    def restore(self, holdings: Iterable[Holding]) -> None:
-        """Start over from saved holdings (cgd restart); counts them even past capacity."""
-        ledger = Ledger(self.machine)
-        ledger.unavailable, ledger.foreign = self.ledger.unavailable, self.ledger.foreign
-        for h in holdings:
-            ledger.add(h)
-        self.ledger = ledger
+    def follow(self, holdings: Mapping[str, Holding]) -> None:
+        """Hold exactly `holdings` from now on, touching only the groups that differ.
+
+        The ledger is a view of the caller's record of what is in use (cgd's
+        state document), never a second truth: the caller passes the holdings
+        derived from that record before each decision and at each commit, so a
+        change made anywhere (a new group's users, a reservation taken, another
+        process's commit) is seen by the next decision. Input past capacity
+        (the machine changed under the record) is counted, not refused.
+        """
+        ledger = self.ledger
+        for gid in [gid for gid in ledger.holdings if gid not in holdings]:
+            ledger.remove(gid)
+        for gid, h in holdings.items():
+            have = ledger.holdings.get(gid)
+            if have != h:
+                if have is not None:
+                    ledger.remove(gid)
+                ledger.add(h)
 
     def holdings(self) -> tuple[Holding, ...]:
         return tuple(self.ledger.holdings[gid] for gid in sorted(self.ledger.holdings))
@@ -101,14 +113,6 @@ class Allocator:
     def set_foreign(self, memory_by_gpu: Mapping[int, int]) -> None:
         """MiB used by processes cgd does not own, as NVML last saw them (replaces the last call)."""
         self.ledger.set_foreign(memory_by_gpu)
-
-    def set_users(self, group_id: str, users: Iterable[str]) -> None:
-        """The components attached to a group: what affinity rules match against."""
-        self.ledger.set_users(group_id, users)
-
-    def mark_allocated(self, group_id: str) -> None:
-        """A reservation its owner has taken: no longer displaceable."""
-        self.ledger.replace_holding(replace(self.ledger.holdings[group_id], reserved=False))
 
     def free_summary(self) -> tuple[GpuUse, ...]:
         """Per GPU, what is left and who is there: for status pages and error messages."""

@@ -2,13 +2,13 @@
 
 The ledger is the allocator's only mutable state. Every change goes through
 `add` and `remove`, which are exact inverses, so a placement that fails half
-way is undone by replaying its log backwards.
+way is undone by replaying its log backwards, and `Allocator.follow` brings it
+in line with the state document by removing and adding only what differs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 
 from computegroups.daemon.placement.records import Holding
 from computegroups.topology.model import Machine
@@ -43,19 +43,6 @@ class Ledger:
         for user in h.users:
             self._unindex(user, group_id)
         return h
-
-    def set_users(self, group_id: str, users: Iterable[str]) -> None:
-        h = self.holdings[group_id]
-        new = frozenset(users)
-        for user in h.users - new:
-            self._unindex(user, group_id)
-        for user in new - h.users:
-            self.by_component.setdefault(user, set()).add(group_id)
-        self.holdings[group_id] = replace(h, users=new)
-
-    def replace_holding(self, h: Holding) -> None:
-        """Change a flag of a live group (`reserved`) without touching capacity."""
-        self.holdings[h.group_id] = h
 
     def _unindex(self, user: str, group_id: str) -> None:
         groups = self.by_component.get(user)

@@ -8,8 +8,10 @@ discovery, and random ones feed the property tests.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 
+from computegroups.daemon.placement.allocator import Allocator, Holding
 from computegroups.topology.model import Gpu, Link, Machine, MigDevice, PcieLevel
 
 PIX, PXB, PHB, NODE, SYS = (PcieLevel.SINGLE, PcieLevel.MULTIPLE, PcieLevel.HOSTBRIDGE,
@@ -104,3 +106,15 @@ def random_machine(rng: random.Random, count: int | None = None) -> Machine:
     memory = [rng.choice([16160, 24576, 40960, 81559]) for _ in range(count)]
     return build(f"random-{count}", memory, nv, lambda a, b: table[(min(a, b), max(a, b))],
                  numa=lambda g: (g * numa_nodes // count) if numa_known else None)
+
+
+def follow(allocator: Allocator, holdings: Iterable[Holding]) -> None:
+    """Hand the allocator a whole record of use, as cgd does from its state document."""
+    allocator.follow({h.group_id: h for h in holdings})
+
+
+def change(allocator: Allocator, gid: str, **fields: object) -> None:
+    """One group's record changed (its users, a reservation taken): the allocator follows it."""
+    held = {h.group_id: h for h in allocator.holdings()}
+    held[gid] = replace(held[gid], **fields)  # type: ignore[arg-type]
+    allocator.follow(held)

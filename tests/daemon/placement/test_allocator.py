@@ -13,7 +13,7 @@ from computegroups.daemon.placement.allocator import (
     PlacementError,
 )
 from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim
-from tests.daemon.placement.allocator_machines import islands
+from tests.daemon.placement.allocator_machines import change, follow, islands
 from computegroups.topology import load_machine, simulated_machine_names
 from computegroups.topology.model import DomainKind
 
@@ -236,7 +236,7 @@ def test_affinity_and_anti_affinity() -> None:
     m = machine("dgx-h100")
     a = Allocator(m)
     one(a, Claim(memory_mib=1024, gpu_ids=(5,)), "db")
-    a.set_users("db", {"db"})
+    change(a, "db", users=frozenset({"db"}))
     near = one(a, Claim(memory_mib=1024, affinity=(AffinityTerm("db"),)), "cache")
     assert near.gpus == (5,)
     numa = one(a, Claim(gpus=2, affinity=(AffinityTerm("db", "numa"),)), "etl")
@@ -303,7 +303,7 @@ def test_higher_priority_displaces_reservations_only() -> None:
 def test_taken_reservations_are_no_longer_displaceable() -> None:
     a = Allocator(machine("dgx-h100"))
     a.allocate(Claim(gpus=8), ["res"], "ada", reserved=True)
-    a.mark_allocated("res")
+    change(a, "res", reserved=False)
     with pytest.raises(DoesNotFitNow):
         one(a, Claim(gpus=1, priority=5), "urgent")
     assert not a.holdings()[0].reserved
@@ -339,26 +339,26 @@ def test_group_ids_must_be_new_and_unique() -> None:
         a.release("nope")
 
 
-def test_restore_rebuilds_the_same_state() -> None:
+def test_following_holdings_rebuilds_the_same_state() -> None:
     m = machine("synthetic-72")
     a = Allocator(m)
     a.allocate(Claim(gpus=4, colocate="nvlink"), ["a", "b"], "ada")
     a.allocate(Claim(memory_mib=4096), ["c", "d", "e"], "bob", reserved=True)
     a.allocate(Claim(gpus=1, exclusive="pcie"), ["f"], "cy")
-    a.set_users("a", {"web", "shadow"})
+    change(a, "a", users=frozenset({"web", "shadow"}))
     b = Allocator(m)
-    b.restore(a.holdings())
+    follow(b, a.holdings())
     assert b.holdings() == a.holdings()
     assert b.free_summary() == a.free_summary()
     claim = Claim(gpus=2)
     assert b.allocate(claim, ["next"], "ada") == a.allocate(claim, ["next"], "ada")
 
 
-def test_restore_accepts_more_than_fits() -> None:
+def test_following_accepts_more_than_fits() -> None:
     m = machine("workstation-4x-pcie")
     whole = (DeviceShare(0, None, 49140, 100, True),)
     a = Allocator(m)
-    a.restore([Holding("x", whole, "ada"), Holding("y", whole, "bob"),
+    follow(a, [Holding("x", whole, "ada"), Holding("y", whole, "bob"),
                Holding("z", (DeviceShare(9, None, 1, 1, False),), "gone")])
     use = a.free_summary()[0]
     assert use.memory_free_mib == 0 and set(use.groups) == {"x", "y"}

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from computegroups.daemon.placement.allocator import Allocator, Placement, PlacementError
 from computegroups.daemon.model.claims import AffinityTerm, Claim, Strategy
-from tests.daemon.placement.allocator_machines import a100_mig, random_machine
+from tests.daemon.placement.allocator_machines import a100_mig, change, follow, random_machine
 from computegroups.topology import load_machine, simulated_machine_names
 from computegroups.topology.model import DomainKind, Machine
 
@@ -77,9 +77,9 @@ class Run:
         elif op[0] == "release" and (gid := self.live(op[1])):
             a.release(gid)
         elif op[0] == "users" and (gid := self.live(op[1])):
-            a.set_users(gid, op[2])
+            change(a, gid, users=frozenset(op[2]))
         elif op[0] == "take" and (gid := self.live(op[1])):
-            a.mark_allocated(gid)
+            change(a, gid, reserved=False)
         elif op[0] == "drain":
             a.set_unavailable(g for g in op[1] if g < len(self.machine.gpus))
         elif op[0] == "foreign":
@@ -197,12 +197,12 @@ def test_same_inputs_give_the_same_answers(m: Machine, ops: list) -> None:
 
 @PROFILE
 @given(machines, st.lists(operations, min_size=5, max_size=25), claims)
-def test_restore_gives_back_the_same_allocator(m: Machine, ops: list, claim: Claim) -> None:
+def test_following_the_same_holdings_gives_the_same_allocator(m: Machine, ops: list, claim: Claim) -> None:
     a = replay(m, ops).allocator
     b = Allocator(m)
     b.set_unavailable(g.gpu for g in a.free_summary() if not g.available)
     b.set_foreign({g.gpu: g.memory_foreign_mib for g in a.free_summary()})
-    b.restore(a.holdings())
+    follow(b, a.holdings())
     assert b.holdings() == a.holdings() and b.free_summary() == a.free_summary()
     answers = []
     for allocator in (a, b):
