@@ -1,9 +1,11 @@
 """What a compute group asks for, checked once at the door.
 
-A claim arrives from JSON, TOML or the command line; everything below the API
-(the manager, the allocator, the state file) trusts a `Claim` because this
-module refused every malformed one with the field named. `to_dict` is the one
-canonical form: the state file keeps it and compares claims by it.
+A claim arrives from JSON, TOML or the command line and is decoded straight
+into `Claim` (`msgspec`), which states its own rules: types and ranges in the
+annotations, the combinations in `__post_init__`. Everything below the API
+(the manager, the allocator, the state file) trusts a `Claim` because of
+that. `to_dict` is the one canonical form: the state file keeps it and
+compares claims by it.
 """
 
 from __future__ import annotations
@@ -12,33 +14,34 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
+from enum import Enum, StrEnum
+from typing import TYPE_CHECKING, Annotated, Any
 
+import msgspec
+from computegroups.daemon.model.decoding import (
+    PATTERN_PROBLEMS,
+    ModelError,
+    convert,
+    to_plain,
+)
 from computegroups.topology.model import DomainKind
+from msgspec import Meta
 
 MAX_GPUS = 1024
 _UNIT_MIB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(?:i?b)?)?\s*", re.IGNORECASE)
-_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-_LEVELS = ("device",) + tuple(k.value for k in DomainKind)
 
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+NAME_RE = re.compile(NAME_PATTERN[1:-1])
+Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
+"""A component, group, reservation or deployment name: it becomes part of file names and group ids."""
+PATTERN_PROBLEMS[NAME_PATTERN] = ("{value} is not a valid name: use 1-63 lowercase letters, digits and '-', "
+                                  "starting with a letter or digit")
+_MIG_PATTERN = r"^\S(?:.*\S)?$"
+PATTERN_PROBLEMS[_MIG_PATTERN] = "expected a MIG profile name such as '1g.10gb', got {value}"
 
-class ClaimError(ValueError):
-    """A claim is malformed; the message starts with the path of the field.
-
-    `where` is relative to the claim so that `Claim.from_dict` can re-root an
-    error raised by the dataclass itself under the caller's path.
-    """
-
-    def __init__(self, path: str, where: str, problem: str) -> None:
-        self.path = path
-        self.where = where
-        self.problem = problem
-        super().__init__(f"{path}{'.' + where if where else ''}: {problem}")
-
-    def under(self, path: str) -> ClaimError:
-        return ClaimError(path, self.where, self.problem)
+ClaimError = ModelError
+"""A malformed claim; the message starts with the path of the field."""
 
 
 class Strategy(str, Enum):
@@ -46,62 +49,113 @@ class Strategy(str, Enum):
     SPREAD = "spread"
 
 
-@dataclass(frozen=True)
-class AffinityTerm:
+class Level(StrEnum):
+    """How near an affinity term reaches: the same device, or the same topology domain."""
+
+    DEVICE = "device"
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    NUMA = "numa"
+    MACHINE = "machine"
+
+
+class _Colocate(StrEnum):
+    """What the wire may say for `colocate`: a domain, or `none` for no rule."""
+
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    NUMA = "numa"
+    MACHINE = "machine"
+    NONE = "none"
+
+
+class _Exclusive(StrEnum):
+    """What the wire may say for `exclusive`: a whole machine is not a domain to hold alone."""
+
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    NUMA = "numa"
+    NONE = "none"
+
+
+# The wire accepts more than the value keeps (a size as text, `none` as a
+# domain); `__post_init__` narrows them, so code below the API sees the
+# narrow types that mypy is told about.
+if TYPE_CHECKING:
+    _MemoryIn = int
+    _ColocateIn = DomainKind
+    _ExclusiveIn = DomainKind
+else:
+    _MemoryIn = Annotated[int, Meta(ge=1)] | str
+    _ColocateIn = _Colocate
+    _ExclusiveIn = _Exclusive
+
+
+class AffinityTerm(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Another component this group should (or should not) sit next to.
 
     `level` is `device` (the same physical GPU) or a `DomainKind` value (the
     same NVLink island, PCIe switch, NUMA node or machine).
     """
 
-    component: str
-    level: str = "device"
+    component: Name
+    level: Level = Level.DEVICE
 
     def __post_init__(self) -> None:
-        if not isinstance(self.component, str) or not _NAME_RE.fullmatch(self.component):
-            raise ClaimError("claim", "component", f"not a component name: {self.component!r}")
-        if self.level not in _LEVELS:
-            raise ClaimError("claim", "level", f"must be one of {', '.join(_LEVELS)}, got {self.level!r}")
+        if not isinstance(self.level, Level):
+            try:
+                msgspec.structs.force_setattr(self, "level", Level(self.level))
+            except ValueError:
+                raise ValueError(f"level: must be one of {', '.join(Level)}, got {self.level!r}") from None
+        if not NAME_RE.fullmatch(self.component):
+            raise ValueError(f"component: {PATTERN_PROBLEMS[NAME_PATTERN].format(value=repr(self.component))}")
 
     @property
     def domain_kind(self) -> DomainKind | None:
-        return None if self.level == "device" else DomainKind(self.level)
+        return None if self.level is Level.DEVICE else DomainKind(self.level.value)
 
     def to_dict(self) -> dict[str, str]:
-        return {"component": self.component, "level": self.level}
+        return {"component": self.component, "level": self.level.value}
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """One compute group's needs: whole GPUs, a share of one GPU, or a MIG device.
 
-    Direct construction is checked as strictly as `from_dict`, so a claim built
-    in code can not carry a combination the allocator was never designed for.
+    Direct construction runs the same cross-field checks as decoding, so a
+    claim built in code can not carry a combination the allocator was never
+    designed for. Defaults are left out of the encoded form (`to_dict`).
     """
 
-    gpus: int | None = None
-    memory_mib: int | None = None
-    compute_pct: int | None = None
-    mig: str | None = None
+    gpus: Annotated[int, Meta(ge=1, le=MAX_GPUS)] | None = None
+    memory_mib: _MemoryIn | None = None
+    """MiB; the wire also takes a size such as "20GiB" (`parse_size`)."""
+    compute_pct: Annotated[int, Meta(ge=1, le=100)] | None = None
+    mig: Annotated[str, Meta(pattern=_MIG_PATTERN)] | None = None
     distinct: bool = False
     strategy: Strategy | None = None
     """None: the daemon's configured default (binpack unless configured)."""
-    colocate: DomainKind | None = None
-    exclusive: DomainKind | None = None
-    pool: str | None = None
-    gpu_ids: tuple[int, ...] | None = None
+    colocate: _ColocateIn | None = None
+    exclusive: _ExclusiveIn | None = None
+    pool: Annotated[str, Meta(min_length=1)] | None = None
+    gpu_ids: Annotated[tuple[Annotated[int, Meta(ge=0)], ...], Meta(min_length=1)] | None = None
     priority: int = 0
     allow_busy: bool = False
     affinity: tuple[AffinityTerm, ...] = ()
     anti_affinity: tuple[AffinityTerm, ...] = ()
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        if self.strategy is not None:
-            set_(self, "strategy", _enum(Strategy, self.strategy, "strategy"))
+        set_ = msgspec.structs.force_setattr
+        if isinstance(self.memory_mib, str):
+            try:
+                set_(self, "memory_mib", parse_size(self.memory_mib))
+            except ValueError as exc:
+                raise ValueError(f"memory_mib: {exc}") from None
+        if self.strategy is not None and not isinstance(self.strategy, Strategy):
+            set_(self, "strategy", _enum(Strategy, self.strategy, "strategy", ()))
         for key in ("colocate", "exclusive"):
-            if getattr(self, key) is not None:
-                set_(self, key, _enum(DomainKind, getattr(self, key), key))
+            value = getattr(self, key)
+            if value is not None:
+                set_(self, key, None if value == "none" else _enum(DomainKind, value, key, ("none",)))
         _check_kind(self)
         _check_ranges(self)
         if self.gpu_ids is not None:
@@ -118,41 +172,21 @@ class Claim:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "claim") -> Claim:
-        """Parse the JSON/TOML form; every refusal names `path.field`."""
-        if not isinstance(d, Mapping):
-            raise ClaimError(path, "", "expected an object")
-        unknown = sorted(str(k) for k in d if k not in _FIELDS)
-        if unknown:
-            raise ClaimError(path, unknown[0], f"unknown field (known: {', '.join(_FIELDS)})")
-        values = {key: parse(d[key], key) for key, parse in _FIELDS.items() if key in d}
-        try:
-            return cls(**values)
-        except ClaimError as exc:
-            raise exc.under(path) from None
+        """Decode the JSON/TOML form; every refusal names `path.field`."""
+        return convert(d, cls, root=path, empty=path)
 
     def to_dict(self) -> dict[str, Any]:
         """The canonical form: defaults left out, enums as their values."""
-        out: dict[str, Any] = {}
-        for key in _FIELDS:
-            value = getattr(self, key)
-            if value == _DEFAULTS[key]:
-                continue
-            if isinstance(value, Enum):
-                value = value.value
-            elif key in ("affinity", "anti_affinity"):
-                value = [term.to_dict() for term in value]
-            elif key == "gpu_ids":
-                value = list(value)
-            out[key] = value
+        out: dict[str, Any] = to_plain(self)
         return out
 
 
-def _enum(cls: type[Enum], value: Any, key: str) -> Any:
+def _enum(cls: type[Enum], value: Any, key: str, extra: tuple[str, ...]) -> Any:
     try:
         return cls(value)
     except ValueError:
-        options = ", ".join(str(m.value) for m in cls)  # type: ignore[attr-defined]
-        raise ClaimError("claim", key, f"must be one of {options}, got {value!r}") from None
+        options = ", ".join([str(m.value) for m in cls] + list(extra))
+        raise ValueError(f"{key}: must be one of {options}, got {value!r}") from None
 
 
 def _check_kind(c: Claim) -> None:
@@ -161,121 +195,19 @@ def _check_kind(c: Claim) -> None:
                                    ("mig", c.mig is not None)) if on]
     if len(given) != 1:
         problem = "nothing claimed" if not given else f"{' and '.join(given)} do not combine"
-        raise ClaimError("claim", "", f"{problem}: give exactly one of gpus, memory_mib and/or compute_pct, or mig")
+        raise ValueError(f": {problem}: give exactly one of gpus, memory_mib and/or compute_pct, or mig")
 
 
 def _check_ranges(c: Claim) -> None:
-    def fail(where: str, problem: str) -> None:
-        raise ClaimError("claim", where, problem)
-
-    for name, lo, hi in (("gpus", 1, MAX_GPUS), ("memory_mib", 1, None), ("compute_pct", 1, 100)):
-        value = getattr(c, name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            fail(name, f"expected an integer, got {value!r}")
-        if value < lo or (hi is not None and value > hi):
-            fail(name, f"must be between {lo} and {hi}, got {value}" if hi else f"must be at least {lo}, got {value}")
-    if c.mig is not None and (not isinstance(c.mig, str) or not c.mig.strip() or c.mig != c.mig.strip()):
-        fail("mig", f"expected a MIG profile name such as '1g.10gb', got {c.mig!r}")
+    """The rules that span fields, and those a claim built in code (not decoded) must also meet."""
     if c.exclusive is DomainKind.MACHINE:
-        fail("exclusive", "must be one of nvlink, pcie, numa (a whole machine is not a domain to hold alone)")
-    if c.pool is not None and (not isinstance(c.pool, str) or not c.pool):
-        fail("pool", f"expected a pool name, got {c.pool!r}")
-    if isinstance(c.priority, bool) or not isinstance(c.priority, int):
-        fail("priority", f"expected an integer, got {c.priority!r}")
+        raise ValueError("exclusive: must be one of nvlink, pcie, numa, none "
+                         "(a whole machine is not a domain to hold alone)")
     if c.gpu_ids is not None:
-        if not c.gpu_ids:
-            fail("gpu_ids", "expected at least one GPU index")
         if len(set(c.gpu_ids)) != len(c.gpu_ids):
-            fail("gpu_ids", "a GPU is listed twice")
+            raise ValueError("gpu_ids: a GPU is listed twice")
         if c.gpus is not None and len(c.gpu_ids) < c.gpus:
-            fail("gpu_ids", f"pins {len(c.gpu_ids)} GPUs but gpus asks for {c.gpus}")
-
-
-def _int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ClaimError("claim", key, f"expected an integer, got {value!r}")
-    return value
-
-
-def _bool(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise ClaimError("claim", key, f"expected true or false, got {value!r}")
-    return value
-
-
-def _memory(value: Any, key: str) -> int:
-    if isinstance(value, str):
-        try:
-            return parse_size(value)
-        except ValueError as exc:
-            raise ClaimError("claim", key, str(exc)) from None
-    return _int(value, key)
-
-
-def _text(value: Any, key: str) -> str:
-    if not isinstance(value, str):
-        raise ClaimError("claim", key, f"expected a string, got {value!r}")
-    return value
-
-
-def _choice(options: tuple[str, ...]):
-    def parse(value: Any, key: str) -> str | None:
-        if value not in options:
-            raise ClaimError("claim", key, f"must be one of {', '.join(options)}, got {value!r}")
-        return None if value == "none" else value
-
-    return parse
-
-
-def _gpu_ids(value: Any, key: str) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ClaimError("claim", key, f"expected a list of GPU indices, got {value!r}")
-    for i, item in enumerate(value):
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            raise ClaimError("claim", f"{key}[{i}]", f"expected a GPU index (integer >= 0), got {item!r}")
-    return tuple(value)
-
-
-def _terms(value: Any, key: str) -> tuple[AffinityTerm, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ClaimError("claim", key, "expected a list of {component, level} objects")
-    terms = []
-    for i, item in enumerate(value):
-        where = f"{key}[{i}]"
-        if not isinstance(item, Mapping):
-            raise ClaimError("claim", where, "expected an object with component and level")
-        extra = sorted(str(k) for k in item if k not in ("component", "level"))
-        if extra:
-            raise ClaimError("claim", f"{where}.{extra[0]}", "unknown field (known: component, level)")
-        if "component" not in item:
-            raise ClaimError("claim", f"{where}.component", "required")
-        try:
-            terms.append(AffinityTerm(item["component"], item.get("level", "device")))
-        except ClaimError as exc:
-            raise ClaimError("claim", f"{where}.{exc.where}", exc.problem) from None
-    return tuple(terms)
-
-
-_DOMAINS = tuple(k.value for k in DomainKind)
-_FIELDS = {
-    "gpus": _int,
-    "memory_mib": _memory,
-    "compute_pct": _int,
-    "mig": _text,
-    "distinct": _bool,
-    "strategy": _choice(tuple(s.value for s in Strategy)),
-    "colocate": _choice(_DOMAINS + ("none",)),
-    "exclusive": _choice(tuple(d for d in _DOMAINS if d != "machine") + ("none",)),
-    "pool": _text,
-    "gpu_ids": _gpu_ids,
-    "priority": _int,
-    "allow_busy": _bool,
-    "affinity": _terms,
-    "anti_affinity": _terms,
-}
-_DEFAULTS = {f.name: f.default for f in Claim.__dataclass_fields__.values()}  # type: ignore[attr-defined]
+            raise ValueError(f"gpu_ids: pins {len(c.gpu_ids)} GPUs but gpus asks for {c.gpus}")
 
 
 def parse_size(text: str | int) -> int:
