@@ -1,7 +1,8 @@
 """HTTP+JSON on a Unix socket: transport only, every decision is the manager's.
 
-Each request is checked before the manager sees it: size and nesting limits,
-JSON shape, unknown fields. The caller's identity comes from the socket
+Each request body is checked before the manager sees it: size and nesting
+limits, duplicate keys, then decoded once into the typed model (types,
+ranges, unknown fields). The caller's identity comes from the socket
 (SO_PEERCRED), never from the request. Any failure becomes a JSON error and
 the daemon keeps serving: no request can crash it.
 """
@@ -19,26 +20,26 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
+import msgspec
 import tornado.http1connection
 import tornado.httpserver
 import tornado.ioloop
 import tornado.iostream
 import tornado.netutil
 import tornado.web
-
 from computegroups import __version__
-from computegroups.daemon.model.errors import BadRequest, ManagerError, Unavailable
 from computegroups.daemon.core.manager import Caller, Manager
+from computegroups.daemon.model.decoding import ModelError, decode_json
+from computegroups.daemon.model.errors import BadRequest, ManagerError, Unavailable
 from computegroups.daemon.model.requests import (
-    RequestError,
+    ComponentRequest,
+    GroupRequest,
+    ReservationRequest,
+    RestartRequest,
+    ScaleRequest,
     check_name,
-    parse_component,
-    parse_group,
-    parse_reservation,
-    parse_restart,
-    parse_scale,
 )
 from computegroups.daemon.supervision.worklogs import log_paths, read_log
 from computegroups.statefiles.errors import StateLockedError
@@ -55,6 +56,7 @@ ACCEPT_BACKOFF_MIN = 0.1
 ACCEPT_BACKOFF_MAX = 1.0
 PROBE_TIMEOUT = 2.0
 REFUSAL_LOG_INTERVAL = 60.0
+T = TypeVar("T")
 
 
 class PayloadTooLarge(ManagerError):
@@ -85,6 +87,49 @@ def json_depth_ok(raw: bytes, limit: int = MAX_DEPTH) -> bool:
     return True
 
 
+def duplicate_key(raw: bytes) -> str | None:
+    """The first key given twice in one object, which msgspec (like json) would let the last win.
+
+    The standard parser's C scanner with a hook per object: about as fast as
+    the msgspec decode itself (6 us for a typical body, 1.3 ms for 300 KiB of
+    env), small next to the state commit every such request makes. A body
+    with fewer than two colons cannot hold two keys and is not parsed twice.
+    """
+    if raw.count(b":") < 2:
+        return None
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) != len(items) and not found:
+            seen: set[str] = set()
+            for key, _ in items:
+                if key in seen:
+                    found.append(key)
+                    break
+                seen.add(key)
+        return obj
+
+    try:
+        json.loads(raw, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):
+        return None  # not JSON at all: the decoder says so
+    return found[0][:80] if found else None
+
+
+def not_json(raw: bytes, exc: Exception) -> BadRequest:
+    """Why a body is not JSON, in the words of the standard parser (only errors pay for the second look)."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as error:
+        return BadRequest(f"body: not valid JSON ({str(error)[:120]})")
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return BadRequest("body: a string holds a lone UTF-16 surrogate, which is not text")
+    return BadRequest(f"body: not valid JSON ({str(exc)[:120]})")
+
+
 def peer_credentials(sock: socket.socket) -> Caller:
     data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", data)
@@ -95,7 +140,7 @@ def peer_credentials(sock: socket.socket) -> Caller:
 class ApiHandler(tornado.web.RequestHandler):
     """Common ground: limits, identity, JSON in and out, errors as JSON."""
 
-    def initialize(self, app: "CgdApp") -> None:
+    def initialize(self, app: CgdApp) -> None:
         self.app = app
         self.chunks: list[bytes] = []
         self.size = 0
@@ -124,7 +169,8 @@ class ApiHandler(tornado.web.RequestHandler):
     def caller(self) -> Caller:
         return peer_credentials(self.request.connection.stream.socket)
 
-    def body(self) -> Any:
+    def raw_body(self) -> bytes:
+        """The body, within the limits and free of duplicate keys, not yet decoded."""
         if self.too_large:
             raise PayloadTooLarge(f"body is over {MAX_BODY} bytes")
         raw = b"".join(self.chunks)
@@ -132,15 +178,18 @@ class ApiHandler(tornado.web.RequestHandler):
             raise BadRequest("body: expected a JSON object")
         if not json_depth_ok(raw):
             raise BadRequest(f"body: nested deeper than {MAX_DEPTH} levels")
+        duplicate = duplicate_key(raw)
+        if duplicate is not None:
+            raise BadRequest(f"{duplicate}: the key appears twice in one object")
+        return raw
+
+    def decode(self, type_: type[T]) -> T:
+        """The body decoded straight into the model: the one check every request gets."""
+        raw = self.raw_body()
         try:
-            data = json.loads(raw)
-            # Lone surrogates parse but can never be written out as UTF-8.
-            json.dumps(data, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest("body: a string holds a lone UTF-16 surrogate, which is not text") from None
-        except (ValueError, RecursionError) as exc:
-            raise BadRequest(f"body: not valid JSON ({str(exc)[:120]})") from None
-        return data
+            return decode_json(raw, type_)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            raise not_json(raw, exc) from None
 
     def reply(self, payload: Any, status: int = 200) -> None:
         self.set_status(status)
@@ -159,7 +208,7 @@ class ApiHandler(tornado.web.RequestHandler):
             result = action()
             if hasattr(result, "__await__"):
                 result = await result
-        except RequestError as exc:
+        except ModelError as exc:
             self._error(BadRequest(str(exc)))
             self.finish()
             return
@@ -235,7 +284,7 @@ class ComponentsHandler(ApiHandler):
         await self.run(lambda: {"components": self.app.manager.components(self.query_int("owner"))})
 
     async def post(self) -> None:
-        await self.run(lambda: self.app.manager.allocate(self.caller, parse_component(self.body())), 201)
+        await self.run(lambda: self.app.manager.allocate(self.caller, self.decode(ComponentRequest)), 201)
 
     async def delete(self) -> None:
         if self.get_query_argument("all", "") not in ("true", "1"):
@@ -254,12 +303,12 @@ class ComponentHandler(ApiHandler):
 
 class ScaleHandler(ApiHandler):
     async def post(self, name: str) -> None:
-        await self.run(lambda: self.app.manager.scale(self.caller, check_name(name), parse_scale(self.body())))
+        await self.run(lambda: self.app.manager.scale(self.caller, check_name(name), self.decode(ScaleRequest).replicas))
 
 
 class RestartHandler(ApiHandler):
     async def post(self, name: str) -> None:
-        await self.run(lambda: self.app.manager.restart(self.caller, check_name(name), parse_restart(self.body())))
+        await self.run(lambda: self.app.manager.restart(self.caller, check_name(name), self.decode(RestartRequest).replica))
 
 
 class EnvHandler(ApiHandler):
@@ -301,7 +350,7 @@ class GroupsHandler(ApiHandler):
             self.query_int("gpu"))})
 
     async def post(self) -> None:
-        await self.run(lambda: self.app.manager.create_group(self.caller, parse_group(self.body())), 201)
+        await self.run(lambda: self.app.manager.create_group(self.caller, self.decode(GroupRequest).claim), 201)
 
 
 class GroupHandler(ApiHandler):
@@ -334,7 +383,7 @@ class ReservationsHandler(ApiHandler):
         await self.run(lambda: {"reservations": self.app.manager.reservations()})
 
     async def post(self) -> None:
-        await self.run(lambda: self.app.manager.reserve(self.caller, parse_reservation(self.body())), 201)
+        await self.run(lambda: self.app.manager.reserve(self.caller, self.decode(ReservationRequest)), 201)
 
 
 class ReservationHandler(ApiHandler):

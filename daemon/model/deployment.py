@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any
 
-from computegroups.daemon.model.claims import Claim, ClaimError
+import msgspec
+from computegroups.daemon.model.claims import Claim, ClaimError, Name
 from computegroups.daemon.model.requests import (
+    _NO_NUL,
     MAX_REPLICAS,
     NAME_RE,
     SCOPES,
@@ -30,6 +32,9 @@ from computegroups.daemon.model.requests import (
     RestartSpec,
     parse_component,
 )
+from msgspec import Meta
+
+MAX_SOURCE = 4096
 
 # The file says `memory` and `compute` like cgctl's flags; a Claim says memory_mib and compute_pct.
 _CLAIM_KEYS = {"memory": "memory_mib", "compute": "compute_pct"}
@@ -55,6 +60,20 @@ class DeploymentError(ValueError):
     def within(self, source: str | None) -> DeploymentError:
         """The same error, naming the file it came from."""
         return DeploymentError(self.path, self.problem, source)
+
+
+class ApplyRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/deployments`: the file as JSON, and the path it was read from (for messages)."""
+
+    spec: dict[str, Any]
+    source: Annotated[str, Meta(min_length=1, max_length=MAX_SOURCE, pattern=_NO_NUL)] | None = None
+
+
+class DeploymentScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/deployments/<name>/scale`: the set (target None), a scaling group or a component."""
+
+    target: Name | None = None
+    replicas: Annotated[int, Meta(ge=0, le=MAX_REPLICAS)]
 
 
 @dataclass(frozen=True)
@@ -332,7 +351,7 @@ class _Parser:
         try:
             claim = Claim.from_dict(fields, path)
         except ClaimError as exc:
-            head, dot, rest = exc.where.partition(".")
+            head, dot, rest = exc.path[len(path):].lstrip(".").partition(".")
             where = _FILE_KEYS.get(head, head) + dot + rest
             raise DeploymentError(f"{path}.{where}" if where else path, exc.problem) from None
         return ClaimSpec(name, claim)
@@ -361,8 +380,7 @@ class _Parser:
         try:
             request = parse_component(body)
         except RequestError as exc:
-            field, _, problem = str(exc).partition(": ")
-            raise DeploymentError(f"{path}.{field}", problem) from None
+            raise DeploymentError(f"{path}.{exc.path}", exc.problem) from None
         if request.cwd is not None and not os.path.isabs(request.cwd):
             raise DeploymentError(f"{path}.cwd", f"{request.cwd!r} is not an absolute path")
         return ComponentSpec(
