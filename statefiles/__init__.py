@@ -14,16 +14,17 @@ from computegroups.statefiles.errors import (
 )
 from computegroups.statefiles.paths import default_state_dir, resolve_state_dir
 from computegroups.statefiles.schema import (
-    GROUP_STATES,
-    ROLES,
     SCHEMA_VERSION,
-    SCOPES,
     ComponentRecord,
+    ComponentState,
     DeploymentRecord,
     DeviceRecord,
     GroupRecord,
+    GroupState,
     MachineFingerprint,
     ReservationRecord,
+    Role,
+    Scope,
     StateDoc,
     WorkerRecord,
     worker_key,
@@ -31,16 +32,17 @@ from computegroups.statefiles.schema import (
 from computegroups.statefiles.store import StateStore, Transaction, mark_lost, missing_gpus
 
 __all__ = [
-    "GROUP_STATES",
-    "ROLES",
     "SCHEMA_VERSION",
-    "SCOPES",
     "ComponentRecord",
+    "ComponentState",
     "DeploymentRecord",
     "DeviceRecord",
     "GroupRecord",
+    "GroupState",
     "MachineFingerprint",
     "ReservationRecord",
+    "Role",
+    "Scope",
     "StateCorruptError",
     "StateDoc",
     "StateError",

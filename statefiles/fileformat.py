@@ -1,12 +1,13 @@
 """The bytes of a state file: JSON with one record per line, sealed by a checksum.
 
 One record per line keeps a thousand-group file greppable and diffable
-(`grep '"state": "lost"' state.json` lists the lost groups) and lets the
-C JSON encoder do the work: an indented dump goes through the pure-Python
-encoder and is several times slower. `jq . state.json` pretty-prints it.
+(`grep '"state": "lost"' state.json` lists the lost groups) while the
+records are still encoded in C, one msgspec call each; `jq . state.json`
+pretty-prints it.
 
-The layout is fixed so the store can compare and seal bytes without
-re-encoding: the version and generation come first, the records after, and
+The layout is fixed so the store can compare, seal and validate bytes
+without re-encoding (`validated` decodes exactly what is about to be
+written): the version and generation come first, the records after, and
 the last line holds the SHA-256 of every byte before it. A truncated file
 fails to parse and a document of the wrong shape fails validation; the
 checksum catches the rest — bytes changed inside a string or a number by a
@@ -20,18 +21,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from computegroups.statefiles.codec import describe
+import msgspec
+
 from computegroups.statefiles.errors import StateFormatError, StateVersionError
 from computegroups.statefiles.migrations import migrate
-from computegroups.statefiles.schema import SCHEMA_VERSION, StateDoc
+from computegroups.statefiles.schema import SCHEMA_VERSION, StateDoc, key_step
+from computegroups.statefiles.validation import convert, describe, refuse_non_json
+from computegroups.statefiles.validation import decode as decode_as
 
 CHECKSUM_KEY = "checksum"
 _HEAD_KEYS = ("schema_version", "generation")
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+_BODY_FIELDS = tuple(f.name for f in msgspec.structs.fields(StateDoc) if f.name not in _HEAD_KEYS)
+_ENCODER = msgspec.json.Encoder()
 _TAIL = re.compile(rb'\n(  "checksum": "sha256:([0-9a-f]{64})"\n}\n?)\Z')
 
 
@@ -44,26 +51,84 @@ class Decoded:
     checksummed: bool
 
 
-def encode_body(data: dict[str, Any]) -> bytes:
-    """Every line between the generation and the checksum, for a validated document."""
+def encode_body(doc: StateDoc) -> bytes:
+    """Every line between the generation and the checksum.
+
+    Each record is encoded alone so it gets a line of its own (the machine
+    fingerprint, one line per field, as every release has written it);
+    `msgspec.json.format` adds the spaces after `,` and `:` that make the
+    lines readable and greppable. A value msgspec cannot encode is refused
+    with its record's path; every other wrong value is refused by
+    `validated`, which decodes these very bytes.
+    """
+    encode, layout = _ENCODER.encode, msgspec.json.format
     lines = []
-    for key, value in data.items():
-        if key in _HEAD_KEYS:
-            continue
-        name = _ENCODER.encode(key)
-        if type(value) is dict and value:
-            records = ",\n".join(
-                f"    {_ENCODER.encode(k)}: {_ENCODER.encode(v)}" for k, v in sorted(value.items())
-            )
-            lines.append(f"  {name}: {{\n{records}\n  }},\n")
-        else:
-            lines.append(f"  {name}: {_ENCODER.encode(value)},\n")
-    return "".join(lines).encode("utf-8")
+    try:
+        for name, value in _body_fields(doc):
+            if type(value) is dict and value:
+                records = [b"    %b: %b" % (encode(key), layout(encode(value[key]), indent=0)) for key in sorted(value)]
+                lines.append(b"  %b: {\n%b\n  },\n" % (encode(name), b",\n".join(records)))
+            else:
+                lines.append(b"  %b: %b,\n" % (encode(name), layout(encode(value), indent=0)))
+    except (TypeError, RecursionError) as bad:
+        raise _unencodable(doc, bad) from None
+    return b"".join(lines)
+
+
+def validated(generation: int, body: bytes, doc: StateDoc | None = None) -> StateDoc:
+    """The document that `seal(generation, body)` holds, decoded strictly: a copy nothing else shares.
+
+    Given the `doc` that `body` was encoded from, also refuses what the
+    encoder let through but changed on the way (infinity written as null, a
+    set as a list) in the opaque objects msgspec does not validate. The copy
+    equals `doc` unless something changed, so the search for what changed
+    runs only then; a difference of form alone (a tuple that comes back as a
+    list) is accepted.
+    """
+    copy = decode_as(b"".join((_head(generation, SCHEMA_VERSION), memoryview(body)[:-2], b"\n}")), StateDoc)
+    if doc is not None and any(getattr(copy, name) != getattr(doc, name) for name in _BODY_FIELDS):
+        for name, value in _body_fields(doc):
+            for key, record in _records(value):
+                refuse_non_json(record, f"{name}{key_step(key)}")
+    return copy
+
+
+def _body_fields(doc: StateDoc) -> Iterator[tuple[str, Any]]:
+    for name in _BODY_FIELDS:
+        value = getattr(doc, name)
+        if isinstance(value, msgspec.Struct):
+            # The machine record is laid out as a map, as the first release wrote it.
+            value = {field: getattr(value, field) for field in value.__struct_fields__}
+        yield name, value
+
+
+def _records(value: Any) -> Iterator[tuple[str, msgspec.Struct]]:
+    if type(value) is dict:
+        yield from ((str(key), record) for key, record in value.items() if isinstance(record, msgspec.Struct))
+
+
+def _unencodable(doc: StateDoc, bad: Exception) -> StateFormatError:
+    """Which record msgspec could not encode, found again record by record (a refusal, never the hot path)."""
+    for name, value in _body_fields(doc):
+        for key, record in _records(value):
+            where = f"{name}{key_step(key)}"
+            refuse_non_json(record, where)
+            try:
+                _ENCODER.encode(record)
+            except TypeError as failed:
+                return StateFormatError(f"{where}: not a JSON value ({failed})")
+            except RecursionError:
+                return StateFormatError(f"{where}: nested too deeply")
+        try:
+            _ENCODER.encode(value)
+        except TypeError as failed:
+            return StateFormatError(f"{name}: not a JSON value ({failed})")
+    return StateFormatError(f"top level: not a JSON value ({bad})")
 
 
 def seal(generation: int, body: bytes, schema_version: int = SCHEMA_VERSION) -> bytes:
     """The whole file: head, body and the checksum line over both."""
-    head = f'{{\n  "schema_version": {schema_version},\n  "generation": {generation},\n'.encode()
+    head = _head(generation, schema_version)
     digest = hashlib.sha256(head + body).hexdigest()
     return b"".join((head, body, f'  "{CHECKSUM_KEY}": "sha256:{digest}"\n}}\n'.encode()))
 
@@ -87,7 +152,11 @@ def decode(raw: bytes) -> Decoded:
     if version < SCHEMA_VERSION:
         migrated_from = version
         data = migrate(data)
-    return Decoded(StateDoc.from_dict(data), migrated_from, sealed)
+    return Decoded(convert(data, StateDoc), migrated_from, sealed)
+
+
+def _head(generation: int, schema_version: int) -> bytes:
+    return b'{\n  "schema_version": %d,\n  "generation": %d,\n' % (schema_version, generation)
 
 
 def _verify(raw: bytes, stored: Any) -> None:
@@ -110,7 +179,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as bad:
         raise StateFormatError(f"not UTF-8 text: garbage bytes at offset {bad.start}") from None
     try:
-        data = json.loads(text, parse_constant=_no_constant)
+        data = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
     except json.JSONDecodeError as bad:
         if bad.pos >= len(text.rstrip()) or bad.msg.startswith("Unterminated string"):
             raise StateFormatError(f"truncated: the JSON stops after {len(raw)} bytes") from None
@@ -124,3 +193,11 @@ def _parse(raw: bytes) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _finite(literal: str) -> float:
+    """`1e400` parses as infinity, which no state holds: the encoder would write it back as null."""
+    value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"{literal} is too large a number")
+    return value

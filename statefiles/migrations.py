@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from computegroups.statefiles.codec import describe
 from computegroups.statefiles.errors import StateFormatError
 from computegroups.statefiles.schema import SCHEMA_VERSION
+from computegroups.statefiles.validation import describe
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -1,140 +1,185 @@
-"""The records kept in the state file, and their strict JSON form.
+"""The records kept in the state file: msgspec Structs, strict on decode.
 
-They are plain mutable dataclasses: inside a transaction the manager changes
-them in place (`doc.groups[gid].state = "draining"`) or with
-`dataclasses.replace`, and the store validates the whole document with
-`StateDoc.from_dict(doc.to_dict())` before anything reaches the disk, so a
+They are mutable: inside a transaction the manager changes them in place
+(`doc.groups[gid].state = GroupState.DRAINING`) or with
+`msgspec.structs.replace`, and the store validates the whole document by
+decoding the very bytes it is about to write back into a `StateDoc`, so a
 wrong value is refused at commit with its JSON path instead of being
 persisted. Sequences are tuples so two records never share a list by accident.
+
+The rules that span fields (unique lists, map keys that match the record's
+name, a pid only with its start time) are small functions called from
+`__post_init__`, which msgspec runs on every decode; they raise `RuleBroken`
+with the steps below the record, and `validation.py` turns that into the
+usual `groups["g1"].users[1]: duplicate 'web'`.
+
 Fields typed `dict[str, Any]` (specs, claims) are opaque JSON objects that
-the manager validates itself.
+the manager validates itself; nothing here depends on that, so any of them
+can become a typed Struct.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from enum import Enum
+from typing import Annotated, Any, TypeVar
 
-from computegroups.statefiles.codec import Invalid, check_choices, check_range, from_json, key_step, to_json
+import msgspec
 
 SCHEMA_VERSION = 1
 """The version this code writes. Older files are migrated on load (see `migrations.py`)."""
 
-GROUP_STATES = ("reserved", "allocated", "draining", "degraded", "lost")
-SCOPES = ("all-replicas", "per-replica")
-ROLES = ("primary", "shadow")
-
-R = TypeVar("R", bound="Record")
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Pid = Annotated[int, msgspec.Meta(ge=1)]
+Percent = Annotated[int, msgspec.Meta(ge=0, le=100)]
 
 
-class Record:
-    """JSON conversion shared by every record; subclasses are dataclasses."""
+class _StrEnum(str, Enum):
+    """Compares, hashes, prints and encodes as its value, so `state == "lost"` and f-strings keep working.
 
-    __slots__ = ()
+    (`enum.StrEnum` does this from Python 3.11; the package still runs on 3.10.)
+    """
 
-    @classmethod
-    def from_dict(cls: type[R], data: Any, path: str = "") -> R:
-        """Refuses unknown keys, missing keys and wrong types with a `StateFormatError` naming the path."""
-        return from_json(cls, data, path)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form; opaque objects (specs, claims) are shared with the record, not copied."""
-        result: dict[str, Any] = to_json(self)
-        return result
+    def __str__(self) -> str:
+        return str.__str__(self)
 
 
-def _now() -> float:
-    return time.time()
+class GroupState(_StrEnum):
+    RESERVED = "reserved"
+    ALLOCATED = "allocated"
+    DRAINING = "draining"
+    DEGRADED = "degraded"
+    LOST = "lost"
 
 
-@dataclass(slots=True, kw_only=True)
-class MachineFingerprint(Record):
+class ComponentState(_StrEnum):
+    ALLOCATED = "allocated"
+    """Holds its groups and runs nothing (no command)."""
+    RUNNING = "running"
+    DEGRADED = "degraded"
+    """One of its groups is on a GPU that became unhealthy."""
+    FAILED = "failed"
+    """A replica ran out of restarts."""
+    LOST = "lost"
+    """Its groups' GPUs left the machine."""
+    RELEASING = "releasing"
+    """Its workers are being stopped; the record goes once they have."""
+
+
+class Scope(_StrEnum):
+    ALL_REPLICAS = "all-replicas"
+    PER_REPLICA = "per-replica"
+
+
+class Role(_StrEnum):
+    PRIMARY = "primary"
+    SHADOW = "shadow"
+
+
+class RuleBroken(ValueError):
+    """A rule that spans fields, broken; `steps` lead from the record to the offending value (`.users`, `[1]`).
+
+    Raised in `__post_init__`: msgspec reports it as a `ValidationError` at
+    the record's path and keeps this exception as its `__cause__`.
+    """
+
+    def __init__(self, problem: str, *steps: str) -> None:
+        super().__init__(f"{''.join(steps).lstrip('.')}: {problem}" if steps else problem)
+        self.problem = problem
+        self.steps = steps
+
+
+class Record(msgspec.Struct, forbid_unknown_fields=True):
+    """Every record: unknown and missing keys are refused; mutable.
+
+    Each subclass says `kw_only=True` itself (msgspec applies it to the
+    fields a class defines), so required and defaulted fields can keep the
+    order of the file.
+    """
+
+
+class MachineFingerprint(Record, kw_only=True):
     """The box the state was written on: a GPU UUID missing from today's machine means its groups are lost."""
 
     hostname: str
     gpu_uuids: tuple[str, ...]
 
-    def _validate(self) -> None:
+    def __post_init__(self) -> None:
         _unique(self.gpu_uuids, ".gpu_uuids")
 
 
-@dataclass(slots=True, kw_only=True)
-class ComponentRecord(Record):
+class ComponentRecord(Record, kw_only=True):
     name: str
-    owner_uid: int = field(metadata=check_range(0))
-    owner_gid: int = field(metadata=check_range(0))
+    owner_uid: NonNegative
+    owner_gid: NonNegative
     spec: dict[str, Any]
-    replicas: int = field(metadata=check_range(0))
-    state: str
+    replicas: NonNegative
+    state: ComponentState
     deployment: str | None = None
     shadow_of: str | None = None
-    lease_pid: int | None = field(default=None, metadata=check_range(1))
+    lease_pid: Pid | None = None
     """A client process whose death releases the component (with `lease_start` against pid reuse)."""
     lease_start: float | None = None
-    created: float = field(default_factory=_now)
+    created: float = msgspec.field(default_factory=time.time)
 
 
-@dataclass(slots=True, kw_only=True)
-class DeviceRecord(Record):
-    gpu_index: int = field(metadata=check_range(0))
+class DeviceRecord(Record, kw_only=True):
+    gpu_index: NonNegative
     gpu_uuid: str
     mig_uuid: str | None = None
-    memory_mib: int = field(metadata=check_range(0))
-    compute_pct: int = field(metadata=check_range(0, 100))
+    memory_mib: NonNegative
+    compute_pct: Percent
     whole: bool
 
 
-@dataclass(slots=True, kw_only=True)
-class GroupRecord(Record):
+class GroupRecord(Record, kw_only=True):
     id: str
     claim: dict[str, Any]
     devices: tuple[DeviceRecord, ...]
-    state: str = field(metadata=check_choices(*GROUP_STATES))
+    state: GroupState
     owner: str
     """The component, reservation or deployment path that created the group."""
-    owner_uid: int = field(metadata=check_range(0))
-    owner_gid: int = field(metadata=check_range(0))
+    owner_uid: NonNegative
+    owner_gid: NonNegative
     users: tuple[str, ...] = ()
     """Components (or their replicas) attached to the group; its capacity is counted once for all of them."""
-    scope: str = field(metadata=check_choices(*SCOPES))
-    replica: int | None = field(default=None, metadata=check_range(0))
-    domain: tuple[int, ...] | None = field(default=None, metadata=check_range(0))
-    exclusive_domain: tuple[int, ...] | None = field(default=None, metadata=check_range(0))
+    scope: Scope
+    replica: NonNegative | None = None
+    domain: tuple[NonNegative, ...] | None = None
+    exclusive_domain: tuple[NonNegative, ...] | None = None
     priority: int = 0
-    created: float = field(default_factory=_now)
+    created: float = msgspec.field(default_factory=time.time)
     explanation: str = ""
 
-    def _validate(self) -> None:
+    def __post_init__(self) -> None:
         _unique(self.users, ".users")
 
 
-@dataclass(slots=True, kw_only=True)
-class ReservationRecord(Record):
+class ReservationRecord(Record, kw_only=True):
     name: str
-    owner_uid: int = field(metadata=check_range(0))
-    owner_gid: int = field(metadata=check_range(0))
+    owner_uid: NonNegative
+    owner_gid: NonNegative
     group_ids: tuple[str, ...]
     spec: dict[str, Any]
     expires_at: float
     priority: int = 0
 
-    def _validate(self) -> None:
+    def __post_init__(self) -> None:
         _unique(self.group_ids, ".group_ids")
 
 
-@dataclass(slots=True, kw_only=True)
-class WorkerRecord(Record):
+class WorkerRecord(Record, kw_only=True):
     component: str
-    replica: int = field(metadata=check_range(0))
-    role: str = field(metadata=check_choices(*ROLES))
-    pid: int | None = field(default=None, metadata=check_range(1))
+    replica: NonNegative
+    role: Role
+    pid: Pid | None = None
     create_time: float | None = None
     """psutil's `Process.create_time()` of `pid`: a reused pid has another one, so it is never taken for ours."""
-    started_at: float = field(default_factory=_now)
-    restarts: int = field(default=0, metadata=check_range(0))
-    promotions: int = field(default=0, metadata=check_range(0))
+    started_at: float = msgspec.field(default_factory=time.time)
+    restarts: NonNegative = 0
+    promotions: NonNegative = 0
     last_promoted_at: float | None = None
 
     @property
@@ -142,45 +187,43 @@ class WorkerRecord(Record):
         """The key of this worker in `StateDoc.workers`."""
         return worker_key(self.component, self.replica)
 
-    def _validate(self) -> None:
+    def __post_init__(self) -> None:
         if self.pid is not None and self.create_time is None:
-            raise Invalid("required with a pid, or a reused pid could be taken for this worker", ".create_time")
+            raise RuleBroken("required with a pid, or a reused pid could be taken for this worker", ".create_time")
 
 
-@dataclass(slots=True, kw_only=True)
-class DeploymentRecord(Record):
+class DeploymentRecord(Record, kw_only=True):
     name: str
-    owner_uid: int = field(metadata=check_range(0))
-    owner_gid: int = field(metadata=check_range(0))
+    owner_uid: NonNegative
+    owner_gid: NonNegative
     spec: dict[str, Any]
     source: str | None = None
 
 
-@dataclass(slots=True, kw_only=True)
-class StateDoc(Record):
+class StateDoc(Record, kw_only=True):
     """Everything the daemon must not lose. `StateDoc()` is the empty state of a new machine."""
 
     schema_version: int = SCHEMA_VERSION
-    generation: int = field(default=0, metadata=check_range(0))
+    generation: NonNegative = 0
     """Bumped by the store on every commit; the manager never sets it."""
     machine: MachineFingerprint | None = None
-    components: dict[str, ComponentRecord] = field(default_factory=dict)
-    groups: dict[str, GroupRecord] = field(default_factory=dict)
-    reservations: dict[str, ReservationRecord] = field(default_factory=dict)
+    components: dict[str, ComponentRecord] = {}
+    groups: dict[str, GroupRecord] = {}
+    reservations: dict[str, ReservationRecord] = {}
     drained: tuple[str, ...] = ()
     """UUIDs of GPUs that get nothing new."""
-    workers: dict[str, WorkerRecord] = field(default_factory=dict)
-    deployments: dict[str, DeploymentRecord] = field(default_factory=dict)
+    workers: dict[str, WorkerRecord] = {}
+    deployments: dict[str, DeploymentRecord] = {}
 
-    def _validate(self) -> None:
+    def __post_init__(self) -> None:
         if self.schema_version != SCHEMA_VERSION:
-            raise Invalid(f"must be {SCHEMA_VERSION} once loaded, got {self.schema_version}", ".schema_version")
+            raise RuleBroken(f"must be {SCHEMA_VERSION} once loaded, got {self.schema_version}", ".schema_version")
         _unique(self.drained, ".drained")
-        _keyed(self.components, ".components", "name", lambda r: r.name)
-        _keyed(self.groups, ".groups", "id", lambda r: r.id)
-        _keyed(self.reservations, ".reservations", "name", lambda r: r.name)
-        _keyed(self.deployments, ".deployments", "name", lambda r: r.name)
-        _keyed(self.workers, ".workers", "<component>/<replica>", lambda r: r.key)
+        _keyed(self.components, ".components", "name", _name)
+        _keyed(self.groups, ".groups", "id", _id)
+        _keyed(self.reservations, ".reservations", "name", _name)
+        _keyed(self.deployments, ".deployments", "name", _name)
+        _keyed(self.workers, ".workers", "<component>/<replica>", _key)
 
 
 def worker_key(component: str, replica: int) -> str:
@@ -192,15 +235,48 @@ def worker_key(component: str, replica: int) -> str:
     return f"{component}/{replica}"
 
 
-def _unique(values: tuple[Any, ...], step: str) -> None:
+def key_step(key: str) -> str:
+    """A mapping key as it appears in an error path: `["g1"]`."""
+    return f"[{json.dumps(key, ensure_ascii=False)}]"
+
+
+def _unique(values: Sequence[Hashable], step: str) -> None:
+    if len(set(values)) == len(values):
+        return
     seen = set()
     for index, value in enumerate(values):
         if value in seen:
-            raise Invalid(f"duplicate {value!r}", step, f"[{index}]")
+            raise RuleBroken(f"duplicate {value!r}", step, f"[{index}]")
         seen.add(value)
 
 
-def _keyed(records: dict[str, Any], step: str, what: str, key_of: Callable[[Any], str]) -> None:
+R = TypeVar("R")
+
+
+def _keyed(records: dict[str, R], step: str, what: str, key_of: Callable[[R], str]) -> None:
+    """Every record under its own key; the map is kept in key order, as the file lists it.
+
+    So a state iterates the same way whether it was just committed or loaded
+    from a file someone edited by hand.
+    """
     for key, record in records.items():
         if key_of(record) != key:
-            raise Invalid(f"{what} must match the key {key!r}, got {key_of(record)!r}", step, key_step(key))
+            raise RuleBroken(f"{what} must match the key {key!r}, got {key_of(record)!r}", step, key_step(key))
+    keys = list(records)
+    ordered = sorted(keys)
+    if keys != ordered:
+        items = [(key, records[key]) for key in ordered]
+        records.clear()
+        records.update(items)
+
+
+def _name(record: ComponentRecord | ReservationRecord | DeploymentRecord) -> str:
+    return record.name
+
+
+def _id(record: GroupRecord) -> str:
+    return record.id
+
+
+def _key(record: WorkerRecord) -> str:
+    return record.key

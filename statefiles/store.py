@@ -20,16 +20,24 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 import filelock
+import msgspec
 import psutil
 
-from computegroups.statefiles.errors import StateCorruptError, StateError, StateFormatError, StateLockedError, StateVersionError
+from computegroups.statefiles.errors import (
+    StateCorruptError,
+    StateError,
+    StateFormatError,
+    StateLockedError,
+    StateVersionError,
+)
 from computegroups.statefiles.fileformat import Decoded, decode, encode_body, seal
-from computegroups.statefiles.schema import SCHEMA_VERSION, StateDoc
+from computegroups.statefiles.fileformat import validated as decode_validated
+from computegroups.statefiles.schema import GroupState, StateDoc
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +126,7 @@ class StateStore:
         backup = self._read_bytes(self.backup_path)
         if backup is None:
             if main is None:
-                return _Loaded(StateDoc(), None, seal(0, encode_body(StateDoc().to_dict())), rewrite=False)
+                return _Loaded(StateDoc(), None, seal(0, encode_body(StateDoc())), rewrite=False)
             raise StateCorruptError(
                 f"state file {self.path} is unusable ({main_problem}) and its backup {self.backup_path} "
                 f"is missing. {_REFUSAL_HINT}"
@@ -215,11 +223,9 @@ class StateStore:
     # Writing.
 
     def _commit(self, loaded: _Loaded, doc: StateDoc) -> bool:
-        data = doc.to_dict()
-        data["schema_version"] = SCHEMA_VERSION
-        data["generation"] = generation = loaded.generation
-        validated = StateDoc.from_dict(data)
-        body = encode_body(data)
+        generation = loaded.generation
+        body = encode_body(doc)
+        validated = decode_validated(generation, body, doc)
         payload = seal(generation, body)
         written = loaded.rewrite or payload != loaded.raw
         if written:
@@ -362,12 +368,12 @@ def mark_lost(doc: StateDoc, gpu_uuids: Iterable[str], mig_uuids: Iterable[str] 
             if device.gpu_uuid not in present
             or (present_mig is not None and device.mig_uuid is not None and device.mig_uuid not in present_mig)
         ]
-        if gone and group.state != "lost":
+        if gone and group.state != GroupState.LOST:
             device = gone[0]
             what = f"MIG device {device.mig_uuid} on " if device.gpu_uuid in present else ""
             reason = f"lost: {what}GPU {device.gpu_index} ({device.gpu_uuid}) is no longer on this machine"
             explanation = f"{reason}; before: {group.explanation}" if group.explanation else reason
-            doc.groups[gid] = replace(group, state="lost", explanation=explanation)
+            doc.groups[gid] = msgspec.structs.replace(group, state=GroupState.LOST, explanation=explanation)
     return doc
 
 

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import sys
 
-from computegroups.statefiles import ComponentRecord, DeviceRecord, GroupRecord, MachineFingerprint, StateDoc, StateStore
+from computegroups.statefiles import (
+    ComponentRecord,
+    DeviceRecord,
+    GroupRecord,
+    MachineFingerprint,
+    StateDoc,
+    StateStore,
+)
 
 GPUS = tuple(f"GPU-{n:04d}" for n in range(8))
 

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from computegroups.statefiles import SCHEMA_VERSION, StateCorruptError, StateFormatError, StateStore
+from computegroups.statefiles import (
+    SCHEMA_VERSION,
+    ComponentState,
+    GroupState,
+    Role,
+    Scope,
+    StateCorruptError,
+    StateFormatError,
+    StateStore,
+)
+from computegroups.statefiles.fileformat import encode_body, seal, validated
 from computegroups.statefiles.migrations import MIGRATIONS, migrate, migration
 from tests.statefiles.samples import UUIDS, populated_doc
 
 
 def version_0() -> dict[str, Any]:
     """The prototype's shape: drained GPUs by index, no deployments, no checksum."""
-    data = populated_doc().to_dict()
+    data: dict[str, Any] = json.loads(msgspec.json.encode(populated_doc()))
     data["schema_version"] = 0
     data["generation"] = 41
     data["drained"] = [2, 0]
@@ -89,3 +101,51 @@ def test_a_version_older_than_any_migration_is_refused_clearly() -> None:
 def test_a_second_migration_for_one_version_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="already registered"):
         migration(0)(lambda data: data)
+
+
+RELEASE_0_1_0 = Path(__file__).parent / "fixtures" / "state-0.1.0.json"
+"""Written by cgd 0.1.0 (the hand-written codec) on a simulated dgx-h100: shares, a shadow, a sharer,
+a reservation, a drained GPU and a Grove deployment."""
+
+
+def test_a_state_written_by_release_0_1_0_loads_and_commits_again(store: StateStore) -> None:
+    store.directory.mkdir(parents=True)
+    original = RELEASE_0_1_0.read_bytes()
+    store.path.write_bytes(original)
+    doc = store.load()
+    assert (doc.schema_version, doc.generation) == (1, 14)
+    assert doc.machine is not None and doc.machine.hostname == "dgx-h100-sim" and len(doc.machine.gpu_uuids) == 8
+    assert doc.drained == ("GPU-160615ca-6772-548d-99fb-f3dfb61e08f4",)
+    assert len(doc.components) == 11 and len(doc.groups) == 17 and len(doc.workers) == 11
+    assert doc.components["web-standby"].shadow_of == "web"
+    assert doc.components["rs-0-worker-a-standby"].deployment == "rs"
+    assert doc.components["trainer"].state is ComponentState.ALLOCATED
+    assert doc.groups["trainer-0"].users == ("side/0", "trainer/0"), "side shares trainer's group"
+    assert [d.gpu_index for d in doc.groups["trainer-0"].devices] == [2, 3]
+    share = doc.groups["rs-0-sga-0-rank"]
+    assert (share.devices[0].memory_mib, share.devices[0].compute_pct, share.devices[0].whole) == (1024, 5, False)
+    assert doc.groups["rs-all-set-pool"].scope is Scope.ALL_REPLICAS
+    assert doc.groups["later-0"].state is GroupState.RESERVED
+    assert doc.reservations["later"].group_ids == ("later-0",)
+    assert doc.reservations["later"].spec["ttl_s"] == 3600.0
+    assert doc.workers["web-standby/0"].role is Role.SHADOW and doc.workers["web/0"].pid == 5355
+    assert doc.deployments["rs"].spec["file"]["name"] == "rs"
+
+    with (untouched := store.transaction()):
+        pass
+    assert not untouched.written, "this release writes a 0.1.0 state byte for byte as 0.1.0 did"
+    assert store.path.read_bytes() == original
+
+    with (txn := store.transaction()) as changed:
+        changed.groups["web-0"].state = GroupState.DRAINING
+    assert txn.written and txn.generation == 15
+    assert store.backup_path.read_bytes() == original
+    reloaded = store.load()
+    assert reloaded.groups["web-0"].state is GroupState.DRAINING
+    reloaded.groups["web-0"].state = GroupState.ALLOCATED
+    reloaded.generation = doc.generation
+    assert reloaded == doc
+
+    body = encode_body(reloaded)
+    assert validated(reloaded.generation, body) == reloaded
+    assert seal(reloaded.generation, body) == original

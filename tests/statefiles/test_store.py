@@ -88,6 +88,57 @@ def test_an_invalid_document_is_refused_at_commit_and_nothing_is_written(store: 
         assert doc.groups["web-0"].devices[0].memory_mib == 81559
 
 
+def _deeply_nested() -> Any:
+    deep: Any = []
+    for _ in range(5000):
+        deep = [deep]
+    return deep
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda doc: doc.groups["web-0"].claim.update(gpus=float("inf")),
+         'groups["web-0"].claim["gpus"]: expected a finite number, got inf'),
+        (lambda doc: doc.components["web"].spec.update({"env": {"A": {1, 2}}}),
+         'components["web"].spec["env"]["A"]: expected a JSON value, got set'),
+        (lambda doc: doc.reservations["night"].spec.update({"ttl": [0.5, float("nan")]}),
+         'reservations["night"].spec["ttl"][1]: expected a finite number, got nan'),
+        (lambda doc: doc.deployments["site"].spec.update({1: "one"}),
+         'deployments["site"].spec: object keys must be strings, got int 1'),
+        (lambda doc: doc.components["web"].spec.update(deep=_deeply_nested()),
+         'components["web"].spec: nested too deeply'),
+        (lambda doc: setattr(doc.groups["web-0"], "explanation", object()),
+         'groups["web-0"]: not a JSON value'),
+        (lambda doc: setattr(doc.groups["web-0"], "state", "released"),
+         'groups["web-0"].state: must be one of reserved, allocated, draining, degraded, lost, got \'released\''),
+        (lambda doc: setattr(doc.workers["web/0"], "create_time", None),
+         'workers["web/0"].create_time: required with a pid'),
+        (lambda doc: doc.groups.update({"web-9": doc.groups["web-0"]}),
+         'groups["web-9"]: id must match the key \'web-9\', got \'web-0\''),
+    ],
+)
+def test_what_json_cannot_hold_and_broken_rules_are_refused_at_commit(
+    store: StateStore, change: Any, message: str
+) -> None:
+    """msgspec's encoder would write inf as null and a set as a list: the store refuses them instead."""
+    commit(store, populated_doc())
+    before = store.path.read_bytes()
+    with pytest.raises(StateFormatError) as refused, store.transaction() as doc:
+        change(doc)
+    assert str(refused.value).startswith(message)
+    assert store.path.read_bytes() == before
+
+
+def test_a_committed_document_is_not_shared_with_the_next_transaction(store: StateStore) -> None:
+    committed = commit(store, populated_doc())
+    committed.components["web"].spec["env"]["A"] = "changed after the commit"
+    committed.groups["web-0"].users = ()
+    with store.transaction() as doc:
+        assert doc.components["web"].spec["env"]["A"] == "1"
+        assert doc.groups["web-0"].users == ("web/0", "standby/0")
+
+
 def test_the_caller_cannot_set_the_generation_or_version(store: StateStore) -> None:
     with store.transaction() as doc:
         doc.generation = 99
