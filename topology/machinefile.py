@@ -3,25 +3,37 @@
 The fake NVML answers from these, so after loading they must say everything
 the hardware would report, down to the remote PCI bus id of every NVLink port,
 while the file itself stays short enough to write by hand for one's own box
-(a GPU template, overrides, link rules). This module expands the compact form
-into a fully explicit `MachineSpec` and rejects anything wrong with the file
-and the field in the message. The format is documented in
-`docs/machine-files.md`.
+(a GPU template, overrides, link rules). The file is declared once as msgspec
+structs (`MachineFile`), which check every value where it is written; the
+rules between fields (GPUs named exist, MIG instances fit, ids are unique)
+are small functions beside them, and `MachineFile.expand` turns the compact
+form into a fully explicit `MachineSpec`. Every mistake names the file and
+the field. The format is documented in `docs/machine-files.md`.
 """
 
 from __future__ import annotations
 
+import enum
 import re
-import tomllib
+import sys
+import types
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, Union, get_args, get_origin
+
+import msgspec
+from msgspec import Meta
 
 from computegroups.topology.model import PcieLevel
 from computegroups.topology.ranges import parse_ranges
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
 
 MACHINES_DIR = ("computegroups.topology", "machines")
 MAX_GPUS = 1024
@@ -31,6 +43,7 @@ class MachineFileError(ValueError):
     """A machine file that cannot be loaded; the message names file and field."""
 
 
+# -- what loading gives: nothing left to infer --------------------------------
 @dataclass(frozen=True)
 class MigSpec:
     profile: str
@@ -96,7 +109,7 @@ def simulated_machine_names() -> tuple[str, ...]:
 def resolve_machine_file(name_or_path: str) -> tuple[Path, str]:
     """A shipped name or a path to a file -> (path, label used in messages)."""
     if name_or_path in simulated_machine_names():
-        ref = resources.files(MACHINES_DIR[0]).joinpath(MACHINES_DIR[1], f"{name_or_path}.toml")
+        ref = resources.files(MACHINES_DIR[0]).joinpath(MACHINES_DIR[1]).joinpath(f"{name_or_path}.toml")
         return Path(str(ref)), f"{name_or_path}.toml"
     path = Path(name_or_path).expanduser()
     if path.is_file():
@@ -121,394 +134,503 @@ def parse_machine_file(text: str, label: str, default_name: str = "machine") -> 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise MachineFileError(f"{label}: not valid TOML: {err}") from None
-    return _Parser(label).machine(data, default_name)
+    try:
+        return msgspec.convert(data, MachineFile).expand(label, default_name)
+    except msgspec.ValidationError as err:
+        path, problem = _describe(err, data)
+        raise MachineFileError(f"{label}: {path}: {problem}") from None
+    except _Invalid as err:
+        raise MachineFileError(f"{label}: {err.path}: {err.problem}") from None
 
 
-_TOP_KEYS = {
-    "name", "hostname", "driver_version", "cuda_driver_version", "gpu_count",
-    "pci_bus_ids", "gpu_defaults", "gpus", "numa", "pcie", "nvlink", "nvswitch",
-}
-_GPU_KEYS = {
-    "name", "memory_mib", "compute_capability", "multiprocessors", "uuid", "pci_bus_id",
-    "cpu_affinity", "mig_capable", "mig", "nvlink_ports", "temperature_c", "unsupported",
-}
-_MIG_KEYS = {"profile", "memory_mib", "count", "gpu_instance_id", "compute_instance_id",
-             "multiprocessors", "slices"}
-_BUS_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+# -- the file as written --------------------------------------------------------
+_INDICES = 'indices like "0-3,6" or a list of integers'
+_VERSION = '"MAJOR.MINOR" like "12.4" or NVML\'s 12040'
+_CAPABILITY = '"MAJOR.MINOR" like "9.0"'
+_BUS_RE = re.compile(r"^\s*([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])\s*$")
 _PAIR_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
-_MISSING: Any = object()
+
+Text = Annotated[str, Meta(pattern=r"\S", description="a non-empty string")]
+Count = Annotated[int, Meta(ge=0)]
+Positive = Annotated[int, Meta(ge=1)]
+BusId = Annotated[str, Meta(pattern=_BUS_RE.pattern, description="a PCI bus id like 0000:1a:00.0")]
+Indices = Annotated[str, Meta(description=_INDICES)] | Count | list[Count]
+# A tuple, not a list: with msgspec 0.22, `str` with a pattern or'd with a
+# `list` in this model crashed the interpreter at exit about one run in five.
+Capability = Annotated[str, Meta(pattern=r"^\s*\d+\.\d+\s*$", description=_CAPABILITY)] | tuple[Count, Count]
+CudaVersion = (Annotated[str, Meta(pattern=r"^\s*\d+\.\d\s*$", description=_VERSION)]
+               | Annotated[int, Meta(ge=1000, description=_VERSION)])
 
 
+class _Table(msgspec.Struct, forbid_unknown_fields=True):
+    """A TOML table: a misspelt key is an error, never silently ignored."""
+
+
+class _Invalid(Exception):
+    """A rule between fields is broken; the loader adds the file's name."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class MigEntry(_Table):
+    """With `count`, `gpu_instance_id` is the first of consecutive ids, the
+    way NVML numbers a row of same-sized instances."""
+
+    profile: Text
+    memory_mib: Positive
+    count: Positive = 1
+    gpu_instance_id: Count | None = None
+    compute_instance_id: Count = 0
+    multiprocessors: Positive | None = None
+    slices: Positive | None = None
+
+
+class GpuDefaults(_Table):
+    """The GPU template; every field unset (None) here is left to overrides or defaults."""
+
+    name: Text | None = None
+    memory_mib: Positive | None = None
+    compute_capability: Capability | None = None
+    multiprocessors: Positive | None = None
+    cpu_affinity: Indices | None = None
+    mig_capable: bool | None = None
+    mig: list[MigEntry] | None = None
+    nvlink_ports: Count | None = None
+    temperature_c: Count | None = None
+    unsupported: list[Text] | None = None
+
+
+class GpuOverride(GpuDefaults):
+    """`[gpus.N]`: what only one GPU can have is allowed here (for one GPU)."""
+
+    uuid: Text | None = None
+    pci_bus_id: BusId | None = None
+
+
+class NumaNode(_Table):
+    node: Count | None = None
+    cpus: Indices | None = None
+    gpus: Indices = []
+
+
+class Pcie(_Table):
+    same_numa: Text = "NODE"
+    cross_numa: Text = "SYS"
+    groups: dict[str, list[Indices]] = {}
+    pairs: dict[str, Text] = {}
+
+    def levels(self, count: int, numa: Mapping[int, int]) -> dict[tuple[int, int], PcieLevel]:
+        """The NUMA rule, then groups (closest level wins), then explicit pairs."""
+        same = _level(self.same_numa, "pcie.same_numa")
+        cross = _level(self.cross_numa, "pcie.cross_numa")
+        levels: dict[tuple[int, int], PcieLevel] = {}
+        for a in range(count):
+            for b in range(a + 1, count):
+                levels[(a, b)] = same if a in numa and numa.get(a) == numa.get(b) else cross
+        grouped: dict[tuple[int, int], PcieLevel] = {}
+        for label, groups in self.groups.items():
+            level = _level(label, f"pcie.groups.{label}")
+            for k, group in enumerate(groups):
+                for pair in _pairs_of(_indices(group, f"pcie.groups.{label}[{k}]", count)):
+                    grouped[pair] = min(level, grouped.get(pair, level))
+        levels.update(grouped)
+        for key, label in self.pairs.items():
+            path = f"pcie.pairs.{key}"
+            levels[_pair(key, path, count)] = _level(label, path)
+        return levels
+
+
+class NvLinkMesh(_Table):
+    links: Positive
+    gpus: Indices = []
+
+
+class NvLink(_Table):
+    pairs: dict[str, Count] = {}
+    mesh: list[NvLinkMesh] = []
+
+    def links(self, count: int) -> dict[tuple[int, int], int]:
+        """Direct links per GPU pair; an explicit pair overrides the mesh."""
+        links: dict[tuple[int, int], int] = {}
+        for m, mesh in enumerate(self.mesh):
+            for pair in _pairs_of(_indices(mesh.gpus, f"nvlink.mesh[{m}].gpus", count)):
+                links[pair] = mesh.links
+        for key, n in self.pairs.items():
+            links[_pair(key, f"nvlink.pairs.{key}", count)] = n
+        return {p: n for p, n in links.items() if n}
+
+
+class NvSwitch(_Table):
+    gpus: Indices
+    links_per_switch: Annotated[list[Count], Meta(min_length=1)]
+    pci_bus_ids: list[BusId] | None = None
+    overrides: dict[str, list[Count]] = {}
+
+    def bus_ids(self, where: str, first: int) -> list[str]:
+        """Given ids, else made-up ones from 0xE0 on, numbered across fabrics."""
+        if self.pci_bus_ids is None:
+            return [f"00000000:{0xE0 + (first + k) % 0x20:02X}:00.0" for k in range(len(self.links_per_switch))]
+        if len(self.pci_bus_ids) != len(self.links_per_switch):
+            raise _Invalid(f"{where}.pci_bus_ids", f"expected {len(self.links_per_switch)}, one per switch")
+        return [normalize_bus_id(b) for b in self.pci_bus_ids]
+
+    def ports(self, where: str, count: int, fabric: list[str]) -> dict[int, list[PortSpec]]:
+        """Each member GPU's switch ports, switch by switch."""
+        per_gpu = {g: self.links_per_switch for g in _indices(self.gpus, f"{where}.gpus", count)}
+        for key, counts in self.overrides.items():
+            path = f"{where}.overrides.{key}"
+            for g in _indices(key, path, count):
+                if g not in per_gpu:
+                    raise _Invalid(path, f"GPU {g} is not in this switch fabric's gpus")
+                if len(counts) != len(fabric):
+                    raise _Invalid(path, f"expected {len(fabric)} link counts, one per switch")
+                per_gpu[g] = counts
+        return {g: [PortSpec(bus, True) for bus, n in zip(fabric, counts, strict=True) for _ in range(n)]
+                for g, counts in per_gpu.items()}
+
+
+class MachineFile(_Table):
+    gpu_count: Annotated[int, Meta(ge=0, le=MAX_GPUS, description=f"the number of GPUs, 0 (none) to {MAX_GPUS}")]
+    name: Text | None = None
+    hostname: Text | None = None
+    driver_version: Text | None = None
+    cuda_driver_version: CudaVersion | None = None
+    pci_bus_ids: list[BusId] | None = None
+    gpu_defaults: GpuDefaults = msgspec.field(default_factory=GpuDefaults)
+    gpus: dict[str, GpuOverride] = {}
+    numa: list[NumaNode] = []
+    pcie: Pcie = msgspec.field(default_factory=Pcie)
+    nvlink: NvLink = msgspec.field(default_factory=NvLink)
+    nvswitch: list[NvSwitch] = []
+
+    def expand(self, label: str, default_name: str) -> MachineSpec:
+        """Every GPU spelled out; raises _Invalid for a broken rule between fields."""
+        count = self.gpu_count
+        name = self.name or default_name
+        fields = self.gpu_fields()
+        numa, cpus = self.numa_nodes()
+        bus_ids = self.gpu_bus_ids(fields)
+        switch_bus: list[str] = []
+        switch_ports: dict[int, list[PortSpec]] = {}
+        for f, fabric in enumerate(self.nvswitch):
+            buses = fabric.bus_ids(f"nvswitch[{f}]", len(switch_bus))
+            for g, ports in fabric.ports(f"nvswitch[{f}]", count, buses).items():
+                switch_ports.setdefault(g, []).extend(ports)
+            switch_bus.extend(buses)
+        taken = set(bus_ids)
+        for bus in switch_bus:
+            if bus in taken:
+                raise _Invalid("nvswitch", f"PCI bus id {bus} is used twice")
+            taken.add(bus)
+        direct = self.nvlink.links(count)
+        pcie = self.pcie.levels(count, numa)
+        gpus = tuple(
+            _gpu(i, fields[i], name, bus_ids, numa.get(i), cpus.get(i), switch_ports.get(i, []), direct)
+            for i in range(count)
+        )
+        _check_unique_uuids(gpus)
+        return MachineSpec(name, label, self.hostname or name, self.driver_version,
+                           _cuda_version(self.cuda_driver_version), gpus, pcie, tuple(switch_bus))
+
+    def gpu_fields(self) -> list[dict[str, tuple[Any, str]]]:
+        """Template, then overrides in file order; each value keeps the path it came from."""
+        fields = [{k: (v, f"gpu_defaults.{k}") for k, v in _set_fields(self.gpu_defaults)}
+                  for _ in range(self.gpu_count)]
+        for key, override in self.gpus.items():
+            where = f"gpus[{key}]"
+            targets = _indices(key, where, self.gpu_count)
+            given = _set_fields(override)
+            for k, _ in given:
+                if k in ("uuid", "pci_bus_id") and len(targets) > 1:
+                    raise _Invalid(f"{where}.{k}", "set only for a single GPU ([gpus.N]), not for a range")
+            for i in targets:
+                fields[i].update({k: (v, f"{where}.{k}") for k, v in given})
+        return fields
+
+    def numa_nodes(self) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
+        """Each GPU's node and CPUs; a node is listed once, a GPU on one node."""
+        node_of: dict[int, int] = {}
+        cpus_of: dict[int, tuple[int, ...]] = {}
+        seen: set[int] = set()
+        for n, entry in enumerate(self.numa):
+            where = f"numa[{n}]"
+            node = n if entry.node is None else entry.node
+            if node in seen:
+                raise _Invalid(f"{where}.node", f"NUMA node {node} is listed twice")
+            seen.add(node)
+            cpus = () if entry.cpus is None else _indices(entry.cpus, f"{where}.cpus")
+            for g in _indices(entry.gpus, f"{where}.gpus", self.gpu_count):
+                if g in node_of:
+                    raise _Invalid(f"{where}.gpus", f"GPU {g} is already on NUMA node {node_of[g]}")
+                node_of[g] = node
+                if cpus:
+                    cpus_of[g] = cpus
+        return node_of, cpus_of
+
+    def gpu_bus_ids(self, fields: list[dict[str, tuple[Any, str]]]) -> list[str]:
+        """Top-level list, per-GPU overrides over it; made-up distinct ids when absent."""
+        count = self.gpu_count
+        if self.pci_bus_ids is None:
+            ids = [f"{i // 16:08X}:{0x10 + (i % 16) * 0x0C:02X}:00.0" for i in range(count)]
+        elif len(self.pci_bus_ids) != count:
+            raise _Invalid("pci_bus_ids", f"expected {count} bus ids, one per GPU, got {len(self.pci_bus_ids)}")
+        else:
+            ids = [normalize_bus_id(b) for b in self.pci_bus_ids]
+        for i, f in enumerate(fields):
+            if "pci_bus_id" in f:
+                ids[i] = normalize_bus_id(f["pci_bus_id"][0])
+        for i, bus in enumerate(ids):
+            if bus in ids[:i]:
+                raise _Invalid(f"gpus[{i}].pci_bus_id", f"{bus} is also GPU {ids.index(bus)}'s")
+        return ids
+
+
+# -- the rules between fields ---------------------------------------------------
 def normalize_bus_id(text: str) -> str:
     """NVML's form, `00000000:1A:00.0`, so file ids compare with reported ones."""
-    m = _BUS_RE.match(text.strip())
+    m = _BUS_RE.match(text)
     if not m:
         raise ValueError(f"{text!r} is not a PCI bus id like 0000:1a:00.0")
     dom, bus, dev, fn = m.groups()
     return f"{int(dom, 16):08X}:{bus.upper()}:{dev.upper()}.{fn}"
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+def _set_fields(table: msgspec.Struct) -> list[tuple[str, Any]]:
+    return [(k, v) for k in table.__struct_fields__ if (v := getattr(table, k)) is not None]
 
 
-class _Parser:
-    def __init__(self, label: str) -> None:
-        self.label = label
-
-    def fail(self, path: str, message: str) -> NoReturn:
-        raise MachineFileError(f"{self.label}: {path}: {message}")
-
-    # -- typed readers: every value is checked where it is written --------
-    def keys(self, table: Mapping[str, Any], path: str, allowed: set[str]) -> None:
-        for key in table:
-            if key not in allowed:
-                self.fail(_join(path, key), "unknown field; known: " + ", ".join(sorted(allowed)))
-
-    def required(self, table: Mapping[str, Any], key: str, path: str, hint: str = "") -> Any:
-        if key not in table:
-            self.fail(_join(path, key), "missing" + (f" ({hint})" if hint else ""))
-        return table[key]
-
-    def integer(self, value: Any, path: str, minimum: int = 0) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(path, "expected an integer")
-        if value < minimum:
-            self.fail(path, f"expected an integer >= {minimum}")
-        return value
-
-    def string(self, value: Any, path: str) -> str:
-        if not isinstance(value, str) or not value.strip():
-            self.fail(path, "expected a non-empty string")
-        return value
-
-    def boolean(self, value: Any, path: str) -> bool:
-        if not isinstance(value, bool):
-            self.fail(path, "expected true or false")
-        return value
-
-    def table(self, value: Any, path: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            self.fail(path, "expected a table")
-        return value
-
-    def array(self, value: Any, path: str) -> list[Any]:
-        if not isinstance(value, list):
-            self.fail(path, "expected an array")
-        return value
-
-    def indices(self, value: Any, path: str, limit: int | None = None) -> tuple[int, ...]:
-        if isinstance(value, str):
-            try:
-                out = parse_ranges(value)
-            except ValueError as err:
-                self.fail(path, str(err))
-        elif isinstance(value, list):
-            out = tuple(sorted({self.integer(v, f"{path}[{i}]") for i, v in enumerate(value)}))
-        elif isinstance(value, int) and not isinstance(value, bool):
-            out = (self.integer(value, path),)
-        else:
-            self.fail(path, 'expected indices like "0-3,6" or a list of integers')
-        if limit is not None and out and out[-1] >= limit:
-            self.fail(path, f"index {out[-1]} out of range: there are {limit} GPUs")
-        return out
-
-    def bus_id(self, value: Any, path: str) -> str:
+def _indices(value: str | int | list[int], path: str, limit: int | None = None) -> tuple[int, ...]:
+    if isinstance(value, str):
         try:
-            return normalize_bus_id(self.string(value, path))
+            out = parse_ranges(value)
         except ValueError as err:
-            self.fail(path, str(err))
+            raise _Invalid(path, str(err)) from None
+    elif isinstance(value, int):
+        out = (value,)
+    else:
+        out = tuple(sorted(set(value)))
+    if limit is not None and out and out[-1] >= limit:
+        raise _Invalid(path, f"index {out[-1]} out of range: there are {limit} GPUs")
+    return out
 
-    def level(self, value: Any, path: str) -> PcieLevel:
-        try:
-            return PcieLevel.from_label(self.string(value, path))
-        except ValueError as err:
-            self.fail(path, str(err))
 
-    def pair(self, key: str, path: str, count: int) -> tuple[int, int]:
-        m = _PAIR_RE.match(key)
-        if not m:
-            self.fail(path, 'expected a GPU pair like "0-1"')
-        a, b = int(m.group(1)), int(m.group(2))
-        if a == b or max(a, b) >= count:
-            self.fail(path, f"not a pair of two distinct GPUs below {count}")
-        return (min(a, b), max(a, b))
+def _pairs_of(members: tuple[int, ...]) -> list[tuple[int, int]]:
+    return [(a, b) for i, a in enumerate(members) for b in members[i + 1:]]
 
-    # -- the machine ------------------------------------------------------
-    def machine(self, data: dict[str, Any], default_name: str) -> MachineSpec:
-        self.keys(data, "", _TOP_KEYS)
-        name = self.string(data.get("name", default_name), "name")
-        hostname = self.string(data.get("hostname", name), "hostname")
-        driver = data.get("driver_version")
-        if driver is not None:
-            driver = self.string(driver, "driver_version")
-        cuda = self.cuda_version(data.get("cuda_driver_version"))
-        count = self.integer(self.required(data, "gpu_count", "", "0 for a machine without GPUs"),
-                             "gpu_count")
-        if count > MAX_GPUS:
-            self.fail("gpu_count", f"at most {MAX_GPUS}")
-        fields = self.gpu_fields(count, data)
-        numa, cpus = self.numa(data.get("numa", []), count)
-        bus_ids = self.gpu_bus_ids(data.get("pci_bus_ids"), fields, count)
-        switch_bus, switch_ports = self.nvswitches(data.get("nvswitch", []), count, len(bus_ids))
-        direct = self.nvlinks(self.table(data.get("nvlink", {}), "nvlink"), count)
-        pcie = self.pcie(self.table(data.get("pcie", {}), "pcie"), count, numa)
-        taken = set(bus_ids)
-        for bus in switch_bus:
-            if bus in taken:
-                self.fail("nvswitch", f"PCI bus id {bus} is used twice")
-            taken.add(bus)
-        gpus = tuple(
-            self.gpu(i, fields[i], name, bus_ids, numa.get(i), cpus.get(i),
-                     switch_ports.get(i, []), direct)
-            for i in range(count)
-        )
-        seen: dict[str, int] = {}
-        for g in gpus:
-            for u in (g.uuid, *(m.uuid for m in g.mig)):
-                if u in seen:
-                    self.fail(f"gpus[{g.index}].uuid", f"{u} is also used by GPU {seen[u]}")
-                seen[u] = g.index
-        return MachineSpec(name, self.label, hostname, driver, cuda, gpus, pcie, tuple(switch_bus))
 
-    def cuda_version(self, value: Any) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, str):
-            m = re.match(r"^(\d+)\.(\d)$", value.strip())
-            if not m:
-                self.fail("cuda_driver_version", 'expected "MAJOR.MINOR" like "12.4" or NVML\'s 12040')
-            return int(m.group(1)) * 1000 + int(m.group(2)) * 10
-        return self.integer(value, "cuda_driver_version", minimum=1000)
+def _pair(key: str, path: str, count: int) -> tuple[int, int]:
+    m = _PAIR_RE.match(key)
+    if not m:
+        raise _Invalid(path, 'expected a GPU pair like "0-1"')
+    a, b = int(m.group(1)), int(m.group(2))
+    if a == b or max(a, b) >= count:
+        raise _Invalid(path, f"not a pair of two distinct GPUs below {count}")
+    return (min(a, b), max(a, b))
 
-    def gpu_fields(self, count: int, data: dict[str, Any]) -> list[dict[str, tuple[Any, str]]]:
-        """Template, then overrides in file order; each value keeps the path it came from."""
-        template = self.table(data.get("gpu_defaults", {}), "gpu_defaults")
-        self.keys(template, "gpu_defaults", _GPU_KEYS - {"uuid", "pci_bus_id"})
-        fields = [{k: (v, f"gpu_defaults.{k}") for k, v in template.items()} for _ in range(count)]
-        overrides = self.table(data.get("gpus", {}), "gpus")
-        for key, table in overrides.items():
-            where = f"gpus[{key}]"
-            targets = self.indices(key, where, limit=count)
-            table = self.table(table, where)
-            allowed = _GPU_KEYS if len(targets) == 1 else _GPU_KEYS - {"uuid", "pci_bus_id"}
-            self.keys(table, where, allowed)
-            for i in targets:
-                fields[i].update({k: (v, f"{where}.{k}") for k, v in table.items()})
-        return fields
 
-    def gpu_bus_ids(self, value: Any, fields: list[dict[str, tuple[Any, str]]],
-                    count: int) -> list[str]:
-        if value is None:
-            ids = [f"{i // 16:08X}:{0x10 + (i % 16) * 0x0C:02X}:00.0" for i in range(count)]
-        else:
-            given = self.array(value, "pci_bus_ids")
-            if len(given) != count:
-                self.fail("pci_bus_ids", f"expected {count} bus ids, one per GPU, got {len(given)}")
-            ids = [self.bus_id(v, f"pci_bus_ids[{i}]") for i, v in enumerate(given)]
-        for i, f in enumerate(fields):
-            if "pci_bus_id" in f:
-                ids[i] = self.bus_id(*f["pci_bus_id"])
-        for i, bus in enumerate(ids):
-            if bus in ids[:i]:
-                self.fail(f"gpus[{i}].pci_bus_id", f"{bus} is also GPU {ids.index(bus)}'s")
-        return ids
+def _level(label: str, path: str) -> PcieLevel:
+    """Either spelling, nvidia-smi's (PIX) or NVML's (SINGLE), as PcieLevel reads them."""
+    try:
+        return PcieLevel.from_label(label)
+    except ValueError as err:
+        raise _Invalid(path, str(err)) from None
 
-    def numa(self, value: Any, count: int) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
-        node_of: dict[int, int] = {}
-        cpus_of: dict[int, tuple[int, ...]] = {}
-        seen: set[int] = set()
-        for n, entry in enumerate(self.array(value, "numa")):
-            where = f"numa[{n}]"
-            entry = self.table(entry, where)
-            self.keys(entry, where, {"node", "cpus", "gpus"})
-            node = self.integer(entry.get("node", n), f"{where}.node")
-            if node in seen:
-                self.fail(f"{where}.node", f"NUMA node {node} is listed twice")
-            seen.add(node)
-            cpus = self.indices(entry["cpus"], f"{where}.cpus") if "cpus" in entry else ()
-            for g in self.indices(entry.get("gpus", []), f"{where}.gpus", limit=count):
-                if g in node_of:
-                    self.fail(f"{where}.gpus", f"GPU {g} is already on NUMA node {node_of[g]}")
-                node_of[g] = node
-                if cpus:
-                    cpus_of[g] = cpus
-        return node_of, cpus_of
 
-    def nvswitches(self, value: Any, count: int,
-                   first_bus: int) -> tuple[list[str], dict[int, list[PortSpec]]]:
-        buses: list[str] = []
-        ports: dict[int, list[PortSpec]] = {}
-        for f, entry in enumerate(self.array(value, "nvswitch")):
-            where = f"nvswitch[{f}]"
-            entry = self.table(entry, where)
-            self.keys(entry, where, {"gpus", "links_per_switch", "pci_bus_ids", "overrides"})
-            if "gpus" not in entry or "links_per_switch" not in entry:
-                self.fail(where, "needs gpus and links_per_switch")
-            members = self.indices(entry["gpus"], f"{where}.gpus", limit=count)
-            lps = self.link_counts(entry["links_per_switch"], f"{where}.links_per_switch", None)
-            if "pci_bus_ids" in entry:
-                ids = self.array(entry["pci_bus_ids"], f"{where}.pci_bus_ids")
-                if len(ids) != len(lps):
-                    self.fail(f"{where}.pci_bus_ids", f"expected {len(lps)}, one per switch")
-                fabric = [self.bus_id(v, f"{where}.pci_bus_ids[{k}]") for k, v in enumerate(ids)]
-            else:
-                fabric = [f"00000000:{0xE0 + (len(buses) + k) % 0x20:02X}:00.0" for k in range(len(lps))]
-            per_gpu = {g: lps for g in members}
-            for key, counts in self.table(entry.get("overrides", {}), f"{where}.overrides").items():
-                path = f"{where}.overrides.{key}"
-                for g in self.indices(key, path, limit=count):
-                    if g not in per_gpu:
-                        self.fail(path, f"GPU {g} is not in this switch fabric's gpus")
-                    per_gpu[g] = self.link_counts(counts, path, len(lps))
-            for g, counts in per_gpu.items():
-                for bus, n in zip(fabric, counts, strict=True):
-                    ports.setdefault(g, []).extend([PortSpec(bus, True)] * n)
-            buses.extend(fabric)
-        return buses, ports
+def _cuda_version(value: str | int | None) -> int | None:
+    if isinstance(value, str):
+        major, minor = value.strip().split(".")
+        return int(major) * 1000 + int(minor) * 10
+    return value
 
-    def link_counts(self, value: Any, path: str, length: int | None) -> list[int]:
-        counts = [self.integer(v, f"{path}[{k}]") for k, v in enumerate(self.array(value, path))]
-        if not counts or (length is not None and len(counts) != length):
-            self.fail(path, f"expected {length or 'one or more'} link counts, one per switch")
-        return counts
 
-    def nvlinks(self, table: dict[str, Any], count: int) -> dict[tuple[int, int], int]:
-        self.keys(table, "nvlink", {"pairs", "mesh"})
-        links: dict[tuple[int, int], int] = {}
-        for m, entry in enumerate(self.array(table.get("mesh", []), "nvlink.mesh")):
-            where = f"nvlink.mesh[{m}]"
-            entry = self.table(entry, where)
-            self.keys(entry, where, {"gpus", "links"})
-            members = self.indices(entry.get("gpus", []), f"{where}.gpus", limit=count)
-            n = self.integer(self.required(entry, "links", where), f"{where}.links", 1)
-            for i, a in enumerate(members):
-                for b in members[i + 1:]:
-                    links[(a, b)] = n
-        for key, n in self.table(table.get("pairs", {}), "nvlink.pairs").items():
-            path = f"nvlink.pairs.{key}"
-            links[self.pair(key, path, count)] = self.integer(n, path, 0)
-        return {p: n for p, n in links.items() if n}
+def _capability(value: str | tuple[int, int] | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    major, minor = value.strip().split(".") if isinstance(value, str) else value
+    return (int(major), int(minor))
 
-    def pcie(self, table: dict[str, Any], count: int,
-             numa: dict[int, int]) -> dict[tuple[int, int], PcieLevel]:
-        self.keys(table, "pcie", {"same_numa", "cross_numa", "groups", "pairs"})
-        same = self.level(table.get("same_numa", "NODE"), "pcie.same_numa")
-        cross = self.level(table.get("cross_numa", "SYS"), "pcie.cross_numa")
-        levels: dict[tuple[int, int], PcieLevel] = {}
-        for a in range(count):
-            for b in range(a + 1, count):
-                on_same = a in numa and numa.get(a) == numa.get(b)
-                levels[(a, b)] = same if on_same else cross
-        grouped: dict[tuple[int, int], PcieLevel] = {}
-        for label, groups in self.table(table.get("groups", {}), "pcie.groups").items():
-            path = f"pcie.groups.{label}"
-            level = self.level(label, path)
-            for k, group in enumerate(self.array(groups, path)):
-                members = self.indices(group, f"{path}[{k}]", limit=count)
-                for i, a in enumerate(members):
-                    for b in members[i + 1:]:
-                        grouped[(a, b)] = min(level, grouped.get((a, b), level))
-        levels.update(grouped)
-        for key, label in self.table(table.get("pairs", {}), "pcie.pairs").items():
-            path = f"pcie.pairs.{key}"
-            levels[self.pair(key, path, count)] = self.level(label, path)
-        return levels
 
-    # -- one GPU ----------------------------------------------------------
-    def gpu(self, index: int, fields: dict[str, tuple[Any, str]], machine: str,
-            bus_ids: list[str], numa: int | None, cpus: tuple[int, ...] | None,
-            switch_ports: list[PortSpec], direct: dict[tuple[int, int], int]) -> GpuSpec:
-        def get(key: str, default: Any = _MISSING) -> tuple[Any, str]:
-            if key in fields:
-                return fields[key]
-            if default is _MISSING:
-                self.fail(f"gpus[{index}].{key}", f"missing (set it in [gpu_defaults] or [gpus.{index}])")
-            return default, f"gpus[{index}].{key}"
+def _check_unique_uuids(gpus: tuple[GpuSpec, ...]) -> None:
+    seen: dict[str, int] = {}
+    for g in gpus:
+        for u in (g.uuid, *(m.uuid for m in g.mig)):
+            if u in seen:
+                raise _Invalid(f"gpus[{g.index}].uuid", f"{u} is also used by GPU {seen[u]}")
+            seen[u] = g.index
 
-        name = self.string(*get("name"))
-        memory = self.integer(*get("memory_mib"), minimum=1)
-        cc = self.capability(*get("compute_capability", None))
-        sms_value, sms_path = get("multiprocessors", None)
-        sms = None if sms_value is None else self.integer(sms_value, sms_path, 1)
-        uuid_value, uuid_path = get("uuid", None)
-        gpu_uuid = (self.string(uuid_value, uuid_path) if uuid_value is not None
-                    else _make_uuid("GPU", machine, index))
-        affinity_value, affinity_path = get("cpu_affinity", None)
-        affinity = cpus if affinity_value is None else self.indices(affinity_value, affinity_path)
-        mig = self.migs(*get("mig", []), index=index, machine=machine, memory=memory)
-        capable_value, capable_path = get("mig_capable", bool(mig))
-        capable = self.boolean(capable_value, capable_path)
-        if mig and not capable:
-            self.fail(capable_path, "MIG instances are listed but mig_capable is false")
-        ports = list(switch_ports)
-        peers = sorted((b if a == index else a, n) for (a, b), n in direct.items() if index in (a, b))
-        for peer, n in peers:
-            ports.extend([PortSpec(bus_ids[peer], False)] * n)
-        ports_value, ports_path = get("nvlink_ports", len(ports))
-        n_ports = self.integer(ports_value, ports_path)
-        if n_ports < len(ports):
-            self.fail(ports_path, f"GPU {index} uses {len(ports)} NVLinks but has {n_ports} ports")
-        unsupported_value, unsupported_path = get("unsupported", [])
-        unsupported = frozenset(
-            self.string(v, f"{unsupported_path}[{k}]")
-            for k, v in enumerate(self.array(unsupported_value, unsupported_path))
-        )
-        return GpuSpec(
-            index=index, uuid=gpu_uuid, name=name, memory_mib=memory, pci_bus_id=bus_ids[index],
-            compute_capability=cc, multiprocessors=sms, numa_node=numa, cpu_affinity=affinity or None,
-            mig_capable=capable, mig=mig,
-            ports=tuple(ports) + (None,) * (n_ports - len(ports)),
-            temperature_c=self.integer(*get("temperature_c", 35)),
-            unsupported=unsupported,
-        )
 
-    def capability(self, value: Any, path: str) -> tuple[int, int] | None:
-        if value is None:
-            return None
-        if isinstance(value, str) and re.match(r"^\d+\.\d+$", value.strip()):
-            major, minor = value.strip().split(".")
-            return (int(major), int(minor))
-        if isinstance(value, list) and len(value) == 2:
-            return (self.integer(value[0], f"{path}[0]"), self.integer(value[1], f"{path}[1]"))
-        self.fail(path, 'expected "MAJOR.MINOR" like "9.0"')
+def _gpu(index: int, fields: dict[str, tuple[Any, str]], machine: str, bus_ids: list[str],
+         numa: int | None, cpus: tuple[int, ...] | None, switch_ports: list[PortSpec],
+         direct: dict[tuple[int, int], int]) -> GpuSpec:
+    def get(key: str, default: Any = None) -> Any:
+        return fields[key][0] if key in fields else default
 
-    def migs(self, value: Any, path: str, *, index: int, machine: str,
-             memory: int) -> tuple[MigSpec, ...]:
-        """With `count`, `gpu_instance_id` is the first of consecutive ids, the
-        way NVML numbers a row of same-sized instances."""
-        out: list[MigSpec] = []
-        next_free = 1
-        for k, entry in enumerate(self.array(value, path)):
-            where = f"{path}[{k}]"
-            entry = self.table(entry, where)
-            self.keys(entry, where, _MIG_KEYS)
-            profile = self.string(self.required(entry, "profile", where), f"{where}.profile")
-            memory_mib = self.integer(self.required(entry, "memory_mib", where), f"{where}.memory_mib", 1)
-            n = self.integer(entry.get("count", 1), f"{where}.count", 1)
-            first = self.integer(entry.get("gpu_instance_id", next_free), f"{where}.gpu_instance_id")
-            ci = self.integer(entry.get("compute_instance_id", 0), f"{where}.compute_instance_id")
-            slices_match = re.match(r"^(\d+)g\.", profile)
-            slices = entry.get("slices", int(slices_match.group(1)) if slices_match else None)
-            sms = entry.get("multiprocessors")
-            for gi in range(first, first + n):
-                if any(m.gpu_instance_id == gi for m in out):
-                    self.fail(f"{where}.gpu_instance_id", f"GPU instance {gi} is listed twice")
-                out.append(MigSpec(
-                    profile=profile, memory_mib=memory_mib, gpu_instance_id=gi,
-                    compute_instance_id=ci, uuid=_make_uuid("MIG", machine, index, len(out)),
-                    slices=None if slices is None else self.integer(slices, f"{where}.slices", 1),
-                    multiprocessors=None if sms is None else self.integer(sms, f"{where}.multiprocessors", 1),
-                ))
-            next_free = max(m.gpu_instance_id for m in out) + 1
-        if len(out) > 8:
-            self.fail(path, f"{len(out)} MIG instances; a GPU has at most 8")
-        if sum(m.memory_mib for m in out) > memory:
-            self.fail(path, f"MIG instances need more than the GPU's {memory} MiB")
-        return tuple(out)
+    for key in ("name", "memory_mib"):
+        if key not in fields:
+            raise _Invalid(f"gpus[{index}].{key}", f"missing (set it in [gpu_defaults] or [gpus.{index}])")
+    memory: int = get("memory_mib")
+    affinity = cpus if "cpu_affinity" not in fields else _indices(*fields["cpu_affinity"])
+    mig_path = fields["mig"][1] if "mig" in fields else f"gpus[{index}].mig"
+    mig = _migs(get("mig", []), mig_path, index=index, machine=machine, memory=memory)
+    capable: bool = get("mig_capable", bool(mig))
+    if mig and not capable:
+        raise _Invalid(fields["mig_capable"][1], "MIG instances are listed but mig_capable is false")
+    ports = list(switch_ports)
+    peers = sorted((b if a == index else a, n) for (a, b), n in direct.items() if index in (a, b))
+    for peer, n in peers:
+        ports.extend([PortSpec(bus_ids[peer], False)] * n)
+    n_ports: int = get("nvlink_ports", len(ports))
+    if n_ports < len(ports):
+        raise _Invalid(fields["nvlink_ports"][1], f"GPU {index} uses {len(ports)} NVLinks but has {n_ports} ports")
+    return GpuSpec(
+        index=index, uuid=get("uuid") or _make_uuid("GPU", machine, index), name=get("name"),
+        memory_mib=memory, pci_bus_id=bus_ids[index],
+        compute_capability=_capability(get("compute_capability")), multiprocessors=get("multiprocessors"),
+        numa_node=numa, cpu_affinity=affinity or None, mig_capable=capable, mig=mig,
+        ports=tuple(ports) + (None,) * (n_ports - len(ports)),
+        temperature_c=get("temperature_c", 35), unsupported=frozenset(get("unsupported", [])),
+    )
+
+
+def _migs(entries: list[MigEntry], path: str, *, index: int, machine: str, memory: int) -> tuple[MigSpec, ...]:
+    """Instance ids unique, at most 8 instances, and no more memory than the GPU has."""
+    out: list[MigSpec] = []
+    next_free = 1
+    for k, entry in enumerate(entries):
+        first = next_free if entry.gpu_instance_id is None else entry.gpu_instance_id
+        slices_match = re.match(r"^(\d+)g\.", entry.profile)
+        slices = entry.slices if entry.slices is not None else (
+            int(slices_match.group(1)) if slices_match else None)
+        for gi in range(first, first + entry.count):
+            if any(m.gpu_instance_id == gi for m in out):
+                raise _Invalid(f"{path}[{k}].gpu_instance_id", f"GPU instance {gi} is listed twice")
+            out.append(MigSpec(
+                profile=entry.profile, memory_mib=entry.memory_mib, gpu_instance_id=gi,
+                compute_instance_id=entry.compute_instance_id,
+                uuid=_make_uuid("MIG", machine, index, len(out)),
+                slices=slices, multiprocessors=entry.multiprocessors,
+            ))
+        next_free = max(m.gpu_instance_id for m in out) + 1
+    if len(out) > 8:
+        raise _Invalid(path, f"{len(out)} MIG instances; a GPU has at most 8")
+    if sum(m.memory_mib for m in out) > memory:
+        raise _Invalid(path, f"MIG instances need more than the GPU's {memory} MiB")
+    return tuple(out)
 
 
 def _make_uuid(kind: str, machine: str, *parts: int) -> str:
     """Stable across runs so state files written on a simulated box stay valid."""
     key = ":".join(["computegroups", machine, *map(str, parts)])
     return f"{kind}-{uuid.uuid5(uuid.NAMESPACE_URL, key)}"
+
+
+# -- msgspec's errors in the words of the file ------------------------------------
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+               "array": "an array", "object": "a table"}
+_STEP_RE = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def _describe(err: msgspec.ValidationError, data: Any) -> tuple[str, str]:
+    """(field path, what was expected) for an error of `msgspec.convert(data, MachineFile)`.
+
+    msgspec says ``Expected `int`, got `str` - at `$.gpus[...].memory_mib` ``:
+    the path leaves out dict keys and the words are JSON's. This fills the keys
+    in from `data` (`gpus[3].memory_mib`, `nvlink.pairs.0-1`), speaks of
+    integers and tables, shows the value given, and uses a constraint's
+    `Meta(description=...)` where a pattern alone would say nothing.
+    """
+    message, _, at = str(err).partition(" - at `")
+    path, value, declared = _locate(data, MachineFile, at.rstrip("`"))
+    members = _members(declared)
+    if m := re.fullmatch(r"Object (missing required|contains unknown) field `(.+)`", message):
+        kind, name = m.groups()
+        struct = next(t for t, _ in members if _is_struct(t))
+        child = f"{path}.{name}" if path else name
+        if kind == "missing required":
+            field = next(f for f in msgspec.structs.fields(struct) if f.encode_name == name)
+            described = _description(_members(field.type))
+            return child, "missing" + (f" (expected {described})" if described else "")
+        known = ", ".join(sorted(f.encode_name for f in msgspec.structs.fields(struct)))
+        return child, f"unknown field (known: {known})"
+    if message.startswith("Invalid enum value "):
+        choices = next(t for t, _ in members if isinstance(t, type) and issubclass(t, enum.Enum))
+        return path, f"expected one of {', '.join(str(c.value) for c in choices)}, got {_spoken(value)}"
+    if message.startswith("Expected `"):
+        described = _description(members)
+        if described:
+            return path, f"expected {described}, got {_spoken(value)}"
+        expected = re.sub(r"`([^`]+)`", lambda t: _type_words(t.group(1)), message.split(", got `")[0])
+        return path, f"e{expected[1:]}, got {_spoken(value)}"
+    return path, message
+
+
+def _locate(data: Any, root: Any, at: str) -> tuple[str, Any, Any]:
+    """The path in the file's words, and the value and declared type found there.
+
+    Keys of `[gpus]` read as GPU indices, `gpus[0-3]`, like the per-GPU paths
+    of the rules; other tables' keys as TOML writes them, `nvlink.pairs.0-1`.
+    """
+    path, declared = "", root
+    for step in _STEP_RE.finditer(at.removeprefix("$")):
+        name, index = step.groups()
+        members = [t for t, _ in _members(declared)]
+        if name is not None:
+            struct = next(t for t in members if _is_struct(t))
+            declared = next(f.type for f in msgspec.structs.fields(struct) if f.encode_name == name)
+            data = data[name]
+            path = f"{path}.{name}" if path else name
+        elif index == "...":
+            declared = get_args(next(t for t in members if get_origin(t) is dict))[1]
+            key = next(k for k, v in data.items() if not _converts(v, declared))
+            data = data[key]
+            path += f"[{key}]" if path == "gpus" else f".{key}"
+        else:
+            declared = get_args(next(t for t in members if get_origin(t) is list))[0]
+            data = data[int(index)]
+            path += f"[{index}]"
+    return path, data, declared
+
+
+def _members(declared: Any) -> list[tuple[Any, tuple[Meta, ...]]]:
+    """The types a value may have (None dropped: TOML has no null), each with its constraints."""
+    if get_origin(declared) is Annotated:
+        base, *extra = get_args(declared)
+        metas = tuple(e for e in extra if isinstance(e, Meta))
+        return [(t, metas + inner) for t, inner in _members(base)]
+    if get_origin(declared) in (Union, types.UnionType):
+        return [m for arg in get_args(declared) for m in _members(arg)]
+    return [] if declared is type(None) else [(declared, ())]
+
+
+def _is_struct(declared: Any) -> bool:
+    return isinstance(declared, type) and issubclass(declared, msgspec.Struct)
+
+
+def _converts(value: Any, declared: Any) -> bool:
+    try:
+        msgspec.convert(value, declared)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def _description(members: list[tuple[Any, tuple[Meta, ...]]]) -> str | None:
+    return next((meta.description for _, metas in members for meta in metas if meta.description), None)
+
+
+def _type_words(names: str) -> str:
+    words = [_TYPE_WORDS.get(n, n) for n in names.split(" | ") if n != "null"]
+    return " or ".join(words) if len(words) < 3 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _spoken(value: Any) -> str:
+    """The value as given, or what it is when it would not fit on the line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    if len(text) <= 40 or isinstance(value, str | int | float):
+        return text
+    return "a table" if isinstance(value, dict) else "an array"

@@ -27,7 +27,7 @@ memory_mib = 1000
 
 
 def test_every_shipped_machine_loads() -> None:
-    assert SHIPPED <= set(simulated_machine_names())
+    assert set(simulated_machine_names()) >= SHIPPED
     for name in simulated_machine_names():
         spec = load_machine_spec(name)
         assert spec.name == name
@@ -58,33 +58,46 @@ def test_uuids_are_stable_across_loads() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ('[gpus.3]\nmemory_mib = "lots"', "gpus[3].memory_mib: expected an integer"),
-        ("[gpus.1-2]\nmemory_mib = 1.5", "gpus[1-2].memory_mib: expected an integer"),
+        ('[gpus.3]\nmemory_mib = "lots"', "gpus[3].memory_mib: expected an integer, got 'lots'"),
+        ("[gpus.1-2]\nmemory_mib = 1.5", "gpus[1-2].memory_mib: expected an integer, got 1.5"),
+        ("[gpus.2]\nmemory_mib = 0", "gpus[2].memory_mib: expected an integer >= 1, got 0"),
         ("[gpus.9]\nname = 'x'", "gpus[9]: index 9 out of range"),
-        ("[gpus.0-1]\nuuid = 'GPU-x'", "gpus[0-1].uuid: unknown field"),
-        ("colour = 'red'", "mybox.toml: colour: unknown field"),
+        ("[gpus.0-1]\nuuid = 'GPU-x'", "gpus[0-1].uuid: set only for a single GPU ([gpus.N]), not for a range"),
+        ("[gpus.2]\nuuid = 'GPU-x'\n[gpus.3]\nuuid = 'GPU-x'", "gpus[3].uuid: GPU-x is also used by GPU 2"),
+        ("colour = 'red'", "mybox.toml: colour: unknown field (known: cuda_driver_version, driver_version,"),
+        ("[gpus.0]\nmig = [{profile = '1g', memory_mib = 1, colour = 1}]", "gpus[0].mig[0].colour: unknown field"),
         ("[gpus.0]\nnvlink_ports = 0\n[nvlink.pairs]\n0-1 = 1", "gpus[0].nvlink_ports: GPU 0 uses 1 NVLinks"),
         ("[nvlink.pairs]\n0-9 = 1", "nvlink.pairs.0-9: not a pair of two distinct GPUs below 4"),
         ("[nvlink.pairs]\n1-1 = 1", "nvlink.pairs.1-1: not a pair"),
         ("[nvlink.pairs]\nzero-one = 1", "nvlink.pairs.zero-one: expected a GPU pair"),
+        ("[nvlink.pairs]\n0-1 = -1", "nvlink.pairs.0-1: expected an integer >= 0, got -1"),
+        ("[[nvlink.mesh]]\ngpus = '0-3'", "nvlink.mesh[0].links: missing"),
         ("[pcie]\nsame_numa = 'NEAR'", "pcie.same_numa: unknown PCIe level"),
         ("[pcie.pairs]\n0-1 = 'FAR'", "pcie.pairs.0-1: unknown PCIe level"),
+        ("[pcie.groups]\nPIX = ['0-7']", "pcie.groups.PIX[0]: index 7 out of range"),
         ("[[numa]]\ngpus = '0-1'\n[[numa]]\ngpus = '1-2'", "numa[1].gpus: GPU 1 is already on NUMA node 0"),
         ("[[numa]]\ncpus = '3-1'", "numa[0].cpus:"),
         ("pci_bus_ids = ['0000:01:00.0', '0000:01:00.0', '0000:02:00.0', '0000:03:00.0']",
          "gpus[1].pci_bus_id: 00000000:01:00.0 is also GPU 0's"),
-        ("pci_bus_ids = ['bus']", "pci_bus_ids: expected 4 bus ids"),
+        ("pci_bus_ids = ['0000:01:00.0']", "pci_bus_ids: expected 4 bus ids, one per GPU, got 1"),
+        ("pci_bus_ids = ['bus']", "pci_bus_ids[0]: expected a PCI bus id like 0000:1a:00.0, got 'bus'"),
         ("[gpus.0]\nmig = [{profile = '1g.5gb', memory_mib = 600, count = 2}]",
          "gpus[0].mig: MIG instances need more than the GPU's 1000 MiB"),
         ("[gpus.0]\nmig = [{profile = '1g.5gb'}]", "gpus[0].mig[0].memory_mib: missing"),
         ("[gpus.0]\nmig_capable = false\nmig = [{profile = '1g', memory_mib = 10}]",
          "gpus[0].mig_capable: MIG instances are listed but mig_capable is false"),
-        ("[[nvswitch]]\ngpus = '0-3'", "nvswitch[0]: needs gpus and links_per_switch"),
+        ("[[nvswitch]]\ngpus = '0-3'", "nvswitch[0].links_per_switch: missing"),
+        ("[[nvswitch]]\nlinks_per_switch = [1]", "nvswitch[0].gpus: missing"),
         ("[[nvswitch]]\ngpus = '0-1'\nlinks_per_switch = [2, 2]\n[nvswitch.overrides]\n3 = [1, 1]",
          "nvswitch[0].overrides.3: GPU 3 is not in this switch fabric's gpus"),
         ("[[nvswitch]]\ngpus = '0-1'\nlinks_per_switch = [2, 2]\n[nvswitch.overrides]\n1 = [1]",
          "nvswitch[0].overrides.1: expected 2 link counts"),
-        ("cuda_driver_version = 'twelve'", "cuda_driver_version: expected"),
+        ("cuda_driver_version = 'twelve'", 'cuda_driver_version: expected "MAJOR.MINOR" like "12.4"'),
+        ("cuda_driver_version = 12",
+         "cuda_driver_version: expected \"MAJOR.MINOR\" like \"12.4\" or NVML's 12040, got 12"),
+        ("[gpus.1]\ncompute_capability = [9]",
+         'gpus[1].compute_capability: expected "MAJOR.MINOR" like "9.0", got [9]'),
+        ("[gpus.1]\nmig_capable = 1", "gpus[1].mig_capable: expected true or false, got 1"),
     ],
 )
 def test_mistakes_name_file_and_field(extra: str, message: str) -> None:
@@ -96,10 +109,21 @@ def test_mistakes_name_file_and_field(extra: str, message: str) -> None:
 
 
 def test_missing_required_fields() -> None:
-    with pytest.raises(MachineFileError, match=r"^m.toml: gpu_count: missing"):
+    with pytest.raises(MachineFileError, match=r"^m.toml: gpu_count: missing \(expected the number of GPUs"):
         parse_machine_file("[gpu_defaults]\nname = 'x'\n", "m.toml")
     with pytest.raises(MachineFileError, match=r"gpus\[0\]\.memory_mib: missing"):
         parse_machine_file("gpu_count = 1\n[gpu_defaults]\nname = 'x'\n", "m.toml")
+
+
+def test_what_belongs_to_one_gpu_is_not_a_default() -> None:
+    with pytest.raises(MachineFileError, match=r"^m.toml: gpu_defaults.pci_bus_id: unknown field \(known: compute"):
+        parse_machine_file("gpu_count = 1\n[gpu_defaults]\npci_bus_id = '0000:01:00.0'\n", "m.toml")
+
+
+def test_gpu_count_is_bounded() -> None:
+    expected = r"^m.toml: gpu_count: expected the number of GPUs, 0 \(none\) to 1024, got 2000$"
+    with pytest.raises(MachineFileError, match=expected):
+        parse_machine_file("gpu_count = 2000\n", "m.toml")
 
 
 def test_not_toml(tmp_path: Path) -> None:
