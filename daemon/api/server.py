@@ -29,6 +29,7 @@ import tornado.ioloop
 import tornado.iostream
 import tornado.netutil
 import tornado.web
+
 from computegroups import __version__
 from computegroups.daemon.core.manager import Caller, Manager
 from computegroups.daemon.model.decoding import ModelError, decode_json

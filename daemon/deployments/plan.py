@@ -20,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+from computegroups.daemon.core.workers import replica_ref
 from computegroups.daemon.model.deployment import (
-    ComponentSpec,
+    ComponentTemplate,
     DeploymentError,
     DeploymentSpec,
     SharingSpec,
 )
 from computegroups.daemon.model.requests import NAME_RE
-from computegroups.daemon.core.workers import replica_ref
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class InstancePlan:
     """One component instance: a component record with `deployment` set."""
 
     path: str
-    component: ComponentSpec
+    component: ComponentTemplate
     set_replica: int
     scaling_group: str | None
     group_replica: int | None
@@ -156,7 +156,7 @@ class _Builder:
                 origin = f"{inst.origin}.sharing[{n}]"
                 self.share(entry, inst.path, origin, [[_Replica(inst, k)] for k in range(inst.replicas)])
 
-    def instance(self, path: str, c: ComponentSpec, i: int, group: str | None, j: int | None,
+    def instance(self, path: str, c: ComponentTemplate, i: int, group: str | None, j: int | None,
                  sizes: Mapping[str, int]) -> InstancePlan:
         shadow_of = None
         replicas = sizes.get(c.name, 0)

@@ -15,9 +15,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import msgspec
+from msgspec import Meta
+
 from computegroups.daemon.model.decoding import (
     PATTERN_PROBLEMS,
     ModelError,
@@ -25,7 +27,6 @@ from computegroups.daemon.model.decoding import (
     to_plain,
 )
 from computegroups.topology.model import DomainKind
-from msgspec import Meta
 
 MAX_GPUS = 1024
 _UNIT_MIB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
@@ -82,13 +83,16 @@ class _Exclusive(StrEnum):
 # domain); `__post_init__` narrows them, so code below the API sees the
 # narrow types that mypy is told about.
 if TYPE_CHECKING:
-    _MemoryIn = int
-    _ColocateIn = DomainKind
-    _ExclusiveIn = DomainKind
+    MemorySize: TypeAlias = int
+    _ColocateIn: TypeAlias = DomainKind
+    _ExclusiveIn: TypeAlias = DomainKind
 else:
-    _MemoryIn = Annotated[int, Meta(ge=1)] | str
+    MemorySize = Annotated[int, Meta(ge=1)] | str
     _ColocateIn = _Colocate
     _ExclusiveIn = _Exclusive
+
+
+Percent = Annotated[int, Meta(ge=1, le=100)]
 
 
 class AffinityTerm(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -127,9 +131,9 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """
 
     gpus: Annotated[int, Meta(ge=1, le=MAX_GPUS)] | None = None
-    memory_mib: _MemoryIn | None = None
+    memory_mib: MemorySize | None = None
     """MiB; the wire also takes a size such as "20GiB" (`parse_size`)."""
-    compute_pct: Annotated[int, Meta(ge=1, le=100)] | None = None
+    compute_pct: Percent | None = None
     mig: Annotated[str, Meta(pattern=_MIG_PATTERN)] | None = None
     distinct: bool = False
     strategy: Strategy | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, Union
 
 import msgspec
 import msgspec.inspect as mi
@@ -149,7 +149,13 @@ class _Walk:
                 return "", f"must be between {lo:g} and {hi:g}{got}"
             return "", (f"must be at least {lo:g}{got}" if lo is not None else f"must be at most {hi:g}{got}")
         if m := _OWN.match(message):
-            return _sub(m.group("where") or ""), m.group("problem")
+            where = m.group("where") or ""
+            # `__post_init__` names fields as Python does; say them as the input does.
+            head = where.split(".", 1)[0].split("[", 1)[0]
+            field = self._field_by_name(info, head)
+            if field is not None:
+                where = field.encode_name + where[len(head):]
+            return _sub(where), m.group("problem")
         return "", message[:1].lower() + message[1:]
 
     def _unwrap(self, data: Any) -> mi.Type | None:
@@ -192,6 +198,12 @@ class _Walk:
         return None
 
     @staticmethod
+    def _field_by_name(info: mi.Type | None, name: str) -> mi.Field | None:
+        if isinstance(info, mi.StructType):
+            return next((f for f in info.fields if f.name == name), None)
+        return None
+
+    @staticmethod
     def _known(info: mi.Type | None) -> list[str]:
         return [f.encode_name for f in info.fields] if isinstance(info, mi.StructType) else []
 
@@ -210,25 +222,34 @@ class _Walk:
 
 
 def mi_to_type(info: mi.Type) -> Any:
-    """A checkable type for the scalar/struct kinds that appear as dict keys and values here."""
+    """The checkable type an inspected type came from, for the kinds that hold dict entries here."""
     if isinstance(info, mi.Metadata):
         return mi_to_type(info.type)
-    if isinstance(info, mi.StrType):
-        return _str_type(info)
-    simple = {mi.IntType: int, mi.FloatType: float, mi.BoolType: bool, mi.AnyType: Any}
-    for kind, type_ in simple.items():
-        if isinstance(info, kind):
-            return type_
-    if isinstance(info, (mi.StructType, mi.EnumType)):
+    if isinstance(info, mi.UnionType):
+        members = tuple(mi_to_type(t) for t in info.types)
+        return Union[members]  # noqa: UP007 (a runtime-built union)
+    if isinstance(info, (mi.StructType, mi.EnumType, mi.DataclassType)):
         return info.cls
-    return Any
-
-
-def _str_type(info: mi.StrType) -> Any:
-    from typing import Annotated
-
-    return Annotated[str, msgspec.Meta(min_length=info.min_length, max_length=info.max_length,
-                                       pattern=info.pattern)]
+    if isinstance(info, mi.NoneType):
+        return None
+    meta = {key: getattr(info, key) for key in ("ge", "gt", "le", "lt", "min_length", "max_length", "pattern")
+            if getattr(info, key, None) is not None}
+    base: Any = Any
+    if isinstance(info, mi.ListType):
+        base = list[mi_to_type(info.item_type)]  # type: ignore[misc]
+    elif isinstance(info, mi.VarTupleType):
+        base = tuple[mi_to_type(info.item_type), ...]  # type: ignore[misc]
+    elif isinstance(info, mi.DictType):
+        base = dict[mi_to_type(info.key_type), mi_to_type(info.value_type)]  # type: ignore[misc]
+    elif isinstance(info, mi.IntType):
+        base = int
+    elif isinstance(info, mi.FloatType):
+        base = float
+    elif isinstance(info, mi.BoolType):
+        base = bool
+    elif isinstance(info, mi.StrType):
+        base = str
+    return Annotated[base, msgspec.Meta(**meta)] if meta else base
 
 
 def _sub(where: str) -> str:

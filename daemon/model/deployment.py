@@ -1,50 +1,47 @@
-"""A deployment file, checked once: the one-box form of a Grove PodCliqueSet.
+"""A deployment file, decoded once: the one-box form of a Grove PodCliqueSet.
 
 The file (TOML, sent by `cgctl apply` as JSON) declares a set of components,
 the scaling groups that replicate some of them together, named claim
 templates, and the sharing entries that turn claims into compute groups at
-the set, scaling-group and component levels. Everything the daemon later
-decides trusts a `DeploymentSpec`, because `parse` refused every malformed
-file with `<file>: <path>: <problem>`.
+the set, scaling-group and component levels. `parse` decodes it into a
+`DeploymentFile` (msgspec: shapes, types and ranges from the annotations,
+the rules between entries in `__post_init__`), refusing a malformed file
+with `<file>: <path>: <problem>`; everything the daemon later decides
+trusts a `DeploymentSpec`.
 
 A spec also carries the replica counts as scaled (`sizes`, one entry per set
 replica): `cgctl scale` changes them without touching the file's counts, so
 that a set replica added later starts from the file, as a new PodCliqueSet
-replica starts from its template.
+replica starts from its template. `DeploymentSpec` is exactly what
+`DeploymentRecord.spec` keeps: `{"file": ..., "sizes": [...]}`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Annotated, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import msgspec
-from computegroups.daemon.model.claims import Claim, ClaimError, Name
+from msgspec import UNSET, Meta, UnsetType
+from msgspec.structs import replace
+
+from computegroups.daemon.model.claims import Claim, MemorySize, Name, Percent
+from computegroups.daemon.model.decoding import ModelError, convert, to_plain
 from computegroups.daemon.model.requests import (
     _NO_NUL,
     MAX_REPLICAS,
-    NAME_RE,
-    SCOPES,
     ComponentRequest,
-    RequestError,
+    EnvName,
     RestartSpec,
-    parse_component,
+    Scope,
+    Seconds,
+    Text,
 )
-from msgspec import Meta
 
 MAX_SOURCE = 4096
-
-# The file says `memory` and `compute` like cgctl's flags; a Claim says memory_mib and compute_pct.
-_CLAIM_KEYS = {"memory": "memory_mib", "compute": "compute_pct"}
-_FILE_KEYS = {v: k for k, v in _CLAIM_KEYS.items()}
-_CLAIM_FIELDS = ("name", "gpus", "memory", "compute", "mig", "distinct", "strategy", "colocate",
-                 "exclusive", "pool", "gpu_ids", "priority", "allow_busy", "affinity", "anti_affinity")
-_TOP_KEYS = ("name", "replicas", "claims", "components", "scaling_groups", "sharing")
-_COMPONENT_KEYS = ("name", "command", "env", "cwd", "replicas", "restart", "stop_timeout_s",
-                   "sharing", "shadow_of")
-_GROUP_KEYS = ("name", "components", "replicas", "sharing")
+Count = Annotated[int, Meta(ge=0, le=MAX_REPLICAS)]
+Names = tuple[Name, ...]
 
 
 class DeploymentError(ValueError):
@@ -63,7 +60,10 @@ class DeploymentError(ValueError):
 
 
 class ApplyRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """`POST /v1/deployments`: the file as JSON, and the path it was read from (for messages)."""
+    """`POST /v1/deployments`: the file as JSON, and the path it was read from (for messages).
+
+    The file is decoded by `parse`, so that its refusals name the file.
+    """
 
     spec: dict[str, Any]
     source: Annotated[str, Meta(min_length=1, max_length=MAX_SOURCE, pattern=_NO_NUL)] | None = None
@@ -73,55 +73,131 @@ class DeploymentScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_u
     """`POST /v1/deployments/<name>/scale`: the set (target None), a scaling group or a component."""
 
     target: Name | None = None
-    replicas: Annotated[int, Meta(ge=0, le=MAX_REPLICAS)]
+    replicas: Count
 
 
-@dataclass(frozen=True)
-class ClaimSpec:
-    name: str
-    claim: Claim
+class ClaimSpec(Claim, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A named claim of the file: a `Claim` spelled like cgctl's flags (`memory`, `compute`)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        """The file's spelling (`memory`, `compute`), so stored specs read like the file."""
-        return {"name": self.name, **{_FILE_KEYS.get(k, k): v for k, v in self.claim.to_dict().items()}}
-
-
-@dataclass(frozen=True)
-class SharingSpec:
-    """One sharing entry: a claim, a scope, and (set and scaling-group levels) an optional filter.
-
-    `components`/`scaling_groups` are None when the entry has no filter: it
-    then targets every child.
-    """
-
-    claim: str
-    scope: str
-    components: tuple[str, ...] | None = None
-    scaling_groups: tuple[str, ...] | None = None
+    name: Name
+    memory_mib: MemorySize | None = msgspec.field(default=None, name="memory")
+    compute_pct: Percent | None = msgspec.field(default=None, name="compute")
 
     @property
-    def filtered(self) -> bool:
-        return self.components is not None or self.scaling_groups is not None
+    def claim(self) -> Claim:
+        fields = {f: getattr(self, f) for f in Claim.__struct_fields__}
+        return Claim(**fields)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"claim": self.claim, "scope": self.scope}
-        if self.filtered:
-            out["filter"] = {k: list(v) for k, v in (("components", self.components),
-                                                      ("scaling_groups", self.scaling_groups)) if v is not None}
+        """The file's spelling, so stored specs read like the file."""
+        out: dict[str, Any] = {"name": self.name, **{k: v for k, v in to_plain(self).items() if k != "name"}}
         return out
 
 
-@dataclass(frozen=True)
-class ComponentSpec:
-    name: str
-    command: tuple[str, ...] | None
-    env: Mapping[str, str]
-    cwd: str | None
-    replicas: int
-    restart: RestartSpec
-    stop_timeout_s: float
-    sharing: tuple[SharingSpec, ...]
-    shadow_of: str | None
+def _filter_lists(flt: GroupFilter) -> dict[str, Names | None]:
+    return {f: getattr(flt, f) for f in flt.__struct_fields__}
+
+
+class GroupFilter(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The children a scaling group's sharing entry reaches: some of its components."""
+
+    components: Names | None = None
+
+    def __post_init__(self) -> None:
+        lists = _filter_lists(self)
+        if not any(lists.values()):
+            raise ValueError(": a filter must name at least one child (leave the filter out to target every child)")
+        for key, names in lists.items():
+            _unique(names or (), key, "name")
+
+
+class SetFilter(GroupFilter, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The children a set-level sharing entry reaches: components and/or scaling groups."""
+
+    scaling_groups: Names | None = None
+
+
+class SharingSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One sharing entry of a scaling group: a claim, a scope, and an optional filter.
+
+    Without a filter the entry targets every child.
+    """
+
+    claim: Name
+    scope: Scope
+    filter: GroupFilter | None = None
+
+    @property
+    def components(self) -> Names | None:
+        return self.filter.components if self.filter is not None else None
+
+    @property
+    def scaling_groups(self) -> Names | None:
+        return getattr(self.filter, "scaling_groups", None)
+
+    @property
+    def filtered(self) -> bool:
+        return self.filter is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = to_plain(self)
+        return out
+
+
+class SetSharing(SharingSpec, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A set-level entry: its filter may also name scaling groups."""
+
+    filter: SetFilter | None = None
+
+
+class ComponentSharing(SharingSpec, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A component-level entry: always the component's own replicas."""
+
+    def __post_init__(self) -> None:
+        if self.filter is not None:
+            raise ValueError("filter: component-level sharing has no filter: "
+                             "it applies to the component's own replicas")
+
+
+# A shadow may not give `replicas` or `sharing` at all, so the wire must tell
+# "left out" (UNSET) from the default; `__post_init__` fills the default in,
+# and code past decoding sees the narrow type mypy is told about.
+if TYPE_CHECKING:
+    _CountIn: TypeAlias = int
+    _SharingIn: TypeAlias = tuple[SharingSpec, ...]
+else:
+    _CountIn = Count | UnsetType
+    _SharingIn = tuple[ComponentSharing, ...] | UnsetType
+_LEFT_OUT: Any = UNSET
+
+
+class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A component of the file, instantiated once per set replica (and scaling-group replica)."""
+
+    name: Name
+    command: Annotated[tuple[Text, ...], Meta(min_length=1)] | None = None
+    env: dict[EnvName, Text] = {}
+    cwd: Annotated[str, Meta(min_length=1, pattern=_NO_NUL)] | None = None
+    replicas: _CountIn = _LEFT_OUT
+    restart: RestartSpec = RestartSpec()
+    stop_timeout_s: Seconds = 10.0
+    sharing: _SharingIn = _LEFT_OUT
+    shadow_of: Name | None = None
+
+    def __post_init__(self) -> None:
+        set_ = msgspec.structs.force_setattr
+        if self.shadow_of is not None:
+            for key, why in (("replicas", "a shadow has one replica per replica of its primary"),
+                             ("sharing", "a shadow uses its primary's groups")):
+                if getattr(self, key) is not UNSET:
+                    raise ValueError(f"{key}: not allowed with shadow_of: {why}")
+        for key, default in (("replicas", 1), ("sharing", ())):
+            if getattr(self, key) is UNSET:
+                set_(self, key, default)
+        if self.cwd is not None and not os.path.isabs(self.cwd):
+            raise ValueError(f"cwd: {self.cwd!r} is not an absolute path")
+        _unique([e.claim for e in self.sharing], "sharing", "claim", ".claim", " in this list")
+        self.request(self.name, None)  # the process rules a component request also meets
 
     def request(self, path: str, shadow_of: str | None) -> ComponentRequest:
         """The component request of one instance, the form the workers are built from."""
@@ -140,51 +216,99 @@ class ComponentSpec:
             out["replicas"] = self.replicas
         else:
             out["shadow_of"] = self.shadow_of
-        out["restart"] = {"max_retries": self.restart.max_retries, "backoff_s": self.restart.backoff_s}
+        out["restart"] = to_plain(self.restart)
         out["stop_timeout_s"] = self.stop_timeout_s
         if self.sharing:
             out["sharing"] = [s.to_dict() for s in self.sharing]
         return out
 
 
-@dataclass(frozen=True)
-class ScalingGroupSpec:
-    name: str
-    components: tuple[str, ...]
-    replicas: int
-    sharing: tuple[SharingSpec, ...]
+class ScalingGroupSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: Name
+    components: Names = ()
+    replicas: Count = 1
+    sharing: tuple[SharingSpec, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.components:
+            raise ValueError("components: a scaling group needs at least one component")
+        _unique(self.components, "components", "component")
+        _unique([e.claim for e in self.sharing], "sharing", "claim", ".claim", " in this list")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "components": list(self.components), "replicas": self.replicas,
-                "sharing": [s.to_dict() for s in self.sharing]}
+        out: dict[str, Any] = to_plain(self)
+        return out
 
 
-@dataclass(frozen=True)
-class ReplicaSizes:
+class ReplicaSizes(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The counts inside one set replica: replicas of each scaling group, and
     of each (non-shadow) component instance, in or out of scaling groups."""
 
-    scaling_groups: Mapping[str, int]
-    components: Mapping[str, int]
+    scaling_groups: dict[str, int]
+    components: dict[str, int]
 
     def to_dict(self) -> dict[str, Any]:
         return {"scaling_groups": dict(self.scaling_groups), "components": dict(self.components)}
 
 
-@dataclass(frozen=True)
-class DeploymentSpec:
-    name: str
-    replicas: int
-    claims: tuple[ClaimSpec, ...]
-    components: tuple[ComponentSpec, ...]
-    scaling_groups: tuple[ScalingGroupSpec, ...]
-    sharing: tuple[SharingSpec, ...]
+class DeploymentFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The file itself; the checks between its entries run once it is decoded."""
+
+    name: Name
+    replicas: Count = 1
+    claims: tuple[ClaimSpec, ...] = ()
+    components: tuple[ComponentTemplate, ...] = ()
+    scaling_groups: tuple[ScalingGroupSpec, ...] = ()
+    sharing: tuple[SetSharing, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_references(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical form of the file (defaults spelled out)."""
+        return {
+            "name": self.name, "replicas": self.replicas,
+            "claims": [c.to_dict() for c in self.claims],
+            "components": [c.to_dict() for c in self.components],
+            "scaling_groups": [g.to_dict() for g in self.scaling_groups],
+            "sharing": [s.to_dict() for s in self.sharing],
+        }
+
+
+class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A deployment as applied and scaled: what `DeploymentRecord.spec` keeps."""
+
+    file: DeploymentFile
     sizes: tuple[ReplicaSizes, ...]
+
+    @property
+    def name(self) -> str:
+        return self.file.name
+
+    @property
+    def replicas(self) -> int:
+        return self.file.replicas
+
+    @property
+    def claims(self) -> tuple[ClaimSpec, ...]:
+        return self.file.claims
+
+    @property
+    def components(self) -> tuple[ComponentTemplate, ...]:
+        return self.file.components
+
+    @property
+    def scaling_groups(self) -> tuple[ScalingGroupSpec, ...]:
+        return self.file.scaling_groups
+
+    @property
+    def sharing(self) -> tuple[SetSharing, ...]:
+        return self.file.sharing
 
     def claim(self, name: str) -> Claim:
         return next(c.claim for c in self.claims if c.name == name)
 
-    def component(self, name: str) -> ComponentSpec:
+    def component(self, name: str) -> ComponentTemplate:
         return next(c for c in self.components if c.name == name)
 
     def group_of(self, component: str) -> str | None:
@@ -193,10 +317,7 @@ class DeploymentSpec:
 
     def file_sizes(self) -> ReplicaSizes:
         """The counts a fresh set replica starts with: the file's."""
-        return ReplicaSizes(
-            scaling_groups={g.name: g.replicas for g in self.scaling_groups},
-            components={c.name: c.replicas for c in self.components if c.shadow_of is None},
-        )
+        return _file_sizes(self.file)
 
     def scaled(self, target: str | None, replicas: int) -> DeploymentSpec:
         """The spec after `cgctl scale`: the set (target None), a scaling group
@@ -240,32 +361,36 @@ class DeploymentSpec:
 
     def file_dict(self) -> dict[str, Any]:
         """The canonical form of the file (defaults spelled out)."""
-        return {
-            "name": self.name, "replicas": self.replicas,
-            "claims": [c.to_dict() for c in self.claims],
-            "components": [c.to_dict() for c in self.components],
-            "scaling_groups": [g.to_dict() for g in self.scaling_groups],
-            "sharing": [s.to_dict() for s in self.sharing],
-        }
+        return self.file.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         """What `DeploymentRecord.spec` keeps: the file and the counts as scaled."""
         return {"file": self.file_dict(), "sizes": [s.to_dict() for s in self.sizes]}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> DeploymentSpec:
-        spec = parse(data["file"])
-        sizes = tuple(ReplicaSizes(scaling_groups=dict(s["scaling_groups"]), components=dict(s["components"]))
-                      for s in data["sizes"])
-        return replace(spec, sizes=sizes)
+    def from_dict(cls, data: Any) -> DeploymentSpec:
+        """A stored spec; it was checked when applied, and is checked again on the way in."""
+        return _decode(data, cls, None)
 
 
 def parse(data: Any, source: str | None = None) -> DeploymentSpec:
-    """Validate a deployment file; refusals name the file, the path and the problem."""
+    """Decode a deployment file; refusals name the file, the path and the problem."""
+    file = _decode(data, DeploymentFile, source)
+    return DeploymentSpec(file=file, sizes=(_file_sizes(file),) * file.replicas)
+
+
+def _decode(data: Any, type_: Any, source: str | None) -> Any:
     try:
-        return _Parser().parse(data)
-    except DeploymentError as exc:
-        raise exc.within(source) from None
+        return convert(data, type_, empty="")
+    except ModelError as exc:
+        raise DeploymentError(exc.path, exc.problem, source) from None
+
+
+def _file_sizes(file: DeploymentFile) -> ReplicaSizes:
+    return ReplicaSizes(
+        scaling_groups={g.name: g.replicas for g in file.scaling_groups},
+        components={c.name: c.replicas for c in file.components if c.shadow_of is None},
+    )
 
 
 def check_immutable(old: DeploymentSpec, new: DeploymentSpec, source: str | None = None) -> None:
@@ -290,7 +415,8 @@ def _first_difference(path: str, old: Any, new: Any) -> str | None:
     if old == new:
         return None
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return next(p for i, (a, b) in enumerate(zip(old, new)) if (p := _first_difference(f"{path}[{i}]", a, b)))
+        pairs = enumerate(zip(old, new, strict=True))
+        return next(p for i, (a, b) in pairs if (p := _first_difference(f"{path}[{i}]", a, b)))
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
             if key not in old or key not in new:
@@ -301,206 +427,80 @@ def _first_difference(path: str, old: Any, new: Any) -> str | None:
     return path
 
 
-class _Parser:
-    """One pass over the file; every check names the path it looked at."""
-
-    def parse(self, data: Any) -> DeploymentSpec:
-        top = _table(data, "", _TOP_KEYS)
-        name = _name(top.get("name"), "name")
-        claims = tuple(self.claim(c, f"claims[{i}]") for i, c in enumerate(_array(top, "claims", "")))
-        _unique([c.name for c in claims], "claims", "claim", ".name")
-        self.claim_names = {c.name for c in claims}
-        raw_components = _array(top, "components", "")
-        if not raw_components:
-            raise DeploymentError("components", "a deployment needs at least one component")
-        names = [_name(_table(c, f"components[{i}]", _COMPONENT_KEYS).get("name"), f"components[{i}].name")
-                 for i, c in enumerate(raw_components)]
-        _unique(names, "components", "component", ".name")
-        self.component_names = set(names)
-        raw_groups = _array(top, "scaling_groups", "")
-        groups = tuple(self.scaling_group(g, f"scaling_groups[{i}]") for i, g in enumerate(raw_groups))
-        _unique([g.name for g in groups], "scaling_groups", "scaling group", ".name")
-        self.group_names = {g.name for g in groups}
-        self.group_of: dict[str, str] = {}
-        for i, g in enumerate(groups):
-            if g.name in self.component_names:
-                raise DeploymentError(f"scaling_groups[{i}].name",
-                                      f"{g.name!r} is also a component: a scaling group needs a name of its own")
-            for j, member in enumerate(g.components):
-                if member in self.group_of:
-                    raise DeploymentError(f"scaling_groups[{i}].components[{j}]",
-                                          f"{member!r} is already in scaling group {self.group_of[member]!r}")
-                self.group_of[member] = g.name
-        components = tuple(self.component(c, f"components[{i}]", raw_components) for i, c in enumerate(raw_components))
-        self.shadows = {c.name: c.shadow_of for c in components if c.shadow_of}
-        for i, g in enumerate(groups):
-            for j, entry in enumerate(g.sharing):
-                self.check_filter(entry, f"scaling_groups[{i}].sharing[{j}]", g)
-        sharing = self.sharing_list(top.get("sharing", []), "sharing", "set")
-        for j, entry in enumerate(sharing):
-            self.check_filter(entry, f"sharing[{j}]", None)
-        replicas = _count(top, "replicas", "")
-        spec = DeploymentSpec(name=name, replicas=replicas, claims=claims, components=components,
-                              scaling_groups=groups, sharing=sharing, sizes=())
-        return replace(spec, sizes=(spec.file_sizes(),) * replicas)
-
-    def claim(self, data: Any, path: str) -> ClaimSpec:
-        table = _table(data, path, _CLAIM_FIELDS)
-        name = _name(table.get("name"), f"{path}.name")
-        fields = {_CLAIM_KEYS.get(k, k): v for k, v in table.items() if k != "name"}
-        try:
-            claim = Claim.from_dict(fields, path)
-        except ClaimError as exc:
-            head, dot, rest = exc.path[len(path):].lstrip(".").partition(".")
-            where = _FILE_KEYS.get(head, head) + dot + rest
-            raise DeploymentError(f"{path}.{where}" if where else path, exc.problem) from None
-        return ClaimSpec(name, claim)
-
-    def scaling_group(self, data: Any, path: str) -> ScalingGroupSpec:
-        table = _table(data, path, _GROUP_KEYS)
-        name = _name(table.get("name"), f"{path}.name")
-        members = _array(table, "components", path)
-        if not members:
-            raise DeploymentError(f"{path}.components", "a scaling group needs at least one component")
-        for j, member in enumerate(members):
-            where = f"{path}.components[{j}]"
-            if _name(member, where) not in self.component_names:
-                raise DeploymentError(where, f"no component named {member!r} in this file")
-        _unique(members, f"{path}.components", "component")
-        return ScalingGroupSpec(name=name, components=tuple(members), replicas=_count(table, "replicas", path),
-                                sharing=self.sharing_list(table.get("sharing", []), f"{path}.sharing", "group"))
-
-    def component(self, data: dict[str, Any], path: str, raw: list[Any]) -> ComponentSpec:
-        name = data["name"]
-        shadow_of = data.get("shadow_of")
-        if shadow_of is not None:
-            shadow_of = _name(shadow_of, f"{path}.shadow_of")
-            self.check_shadow(name, shadow_of, path, raw)
-        body = {k: data[k] for k in ("name", "command", "env", "cwd", "restart", "stop_timeout_s") if k in data}
-        try:
-            request = parse_component(body)
-        except RequestError as exc:
-            raise DeploymentError(f"{path}.{exc.path}", exc.problem) from None
-        if request.cwd is not None and not os.path.isabs(request.cwd):
-            raise DeploymentError(f"{path}.cwd", f"{request.cwd!r} is not an absolute path")
-        return ComponentSpec(
-            name=name, command=request.command, env=dict(request.env), cwd=request.cwd,
-            replicas=_count(data, "replicas", path), restart=request.restart,
-            stop_timeout_s=request.stop_timeout_s,
-            sharing=self.sharing_list(data.get("sharing", []), f"{path}.sharing", "component"),
-            shadow_of=shadow_of,
-        )
-
-    def check_shadow(self, name: str, primary: str, path: str, raw: list[Any]) -> None:
-        where = f"{path}.shadow_of"
-        if primary == name:
-            raise DeploymentError(where, "a component cannot be its own shadow")
-        if primary not in self.component_names:
-            raise DeploymentError(where, f"no component named {primary!r} in this file")
-        if self.group_of.get(primary) != self.group_of.get(name):
-            raise DeploymentError(where, f"{name!r} and {primary!r} must be in the same scaling group "
-                                         "(or both outside any): a shadow lives beside its primary")
-        target = next(c for c in raw if c.get("name") == primary)
-        if target.get("shadow_of") is not None:
-            raise DeploymentError(where, f"{primary!r} is itself a shadow: name its primary "
-                                         f"{target['shadow_of']!r}")
-        for key, why in (("replicas", "a shadow has one replica per replica of its primary"),
-                         ("sharing", "a shadow uses its primary's groups")):
-            if key in next(c for c in raw if c.get("name") == name):
-                raise DeploymentError(f"{path}.{key}", f"not allowed with shadow_of: {why}")
-
-    def sharing_list(self, data: Any, path: str, level: str) -> tuple[SharingSpec, ...]:
-        if not isinstance(data, list):
-            raise DeploymentError(path, "expected an array of tables")
-        entries = tuple(self.sharing(entry, f"{path}[{j}]", level) for j, entry in enumerate(data))
-        seen: set[str] = set()
-        for j, entry in enumerate(entries):
-            if entry.claim in seen:
-                raise DeploymentError(f"{path}[{j}].claim", f"duplicate claim {entry.claim!r} in this list")
-            seen.add(entry.claim)
-        return entries
-
-    def sharing(self, data: Any, path: str, level: str) -> SharingSpec:
-        table = _table(data, path, ("claim", "scope", "filter"))
-        if level == "component" and "filter" in table:
-            raise DeploymentError(f"{path}.filter", "component-level sharing has no filter: "
-                                                    "it applies to the component's own replicas")
-        claim = _name(table.get("claim"), f"{path}.claim")
-        if claim not in self.claim_names:
-            raise DeploymentError(f"{path}.claim", f"no claim named {claim!r} in [[claims]]")
-        scope = table.get("scope")
-        if scope not in SCOPES:
-            raise DeploymentError(f"{path}.scope", f"unknown scope {scope!r}: use all-replicas or per-replica")
-        if "filter" not in table:
-            return SharingSpec(claim, scope)
-        keys = ("components", "scaling_groups") if level == "set" else ("components",)
-        flt = _table(table["filter"], f"{path}.filter", keys)
-        lists = {key: tuple(_array(flt, key, f"{path}.filter")) if key in flt else None for key in keys}
-        if not any(lists.values()):
-            raise DeploymentError(f"{path}.filter", "a filter must name at least one child "
-                                                    "(leave the filter out to target every child)")
-        for key, names in lists.items():
-            for k, child in enumerate(names or ()):
-                _name(child, f"{path}.filter.{key}[{k}]")
-            _unique(list(names or ()), f"{path}.filter.{key}", "name")
-        return SharingSpec(claim, scope, lists["components"], lists.get("scaling_groups"))
-
-    def check_filter(self, entry: SharingSpec, path: str, group: ScalingGroupSpec | None) -> None:
-        """Names in a filter exist where the filter looks, and none is a shadow
-        (a shadow always takes exactly its primary's groups)."""
-        for k, child in enumerate(entry.components or ()):
-            where = f"{path}.filter.components[{k}]"
-            if group is not None and child not in group.components:
-                raise DeploymentError(where, f"{child!r} is not a component of scaling group {group.name!r}")
-            if child not in self.component_names:
-                raise DeploymentError(where, f"no component named {child!r} in this file")
-            if child in self.shadows:
-                raise DeploymentError(where, f"{child!r} is a shadow of {self.shadows[child]!r}: "
-                                             "it uses its primary's groups")
-        for k, child in enumerate(entry.scaling_groups or ()):
-            if child not in self.group_names:
-                raise DeploymentError(f"{path}.filter.scaling_groups[{k}]", f"no scaling group named {child!r}")
+def _check_references(f: DeploymentFile) -> None:
+    """The rules between entries: unique names, names that exist, shadows beside their primaries."""
+    _unique([c.name for c in f.claims], "claims", "claim", ".name")
+    if not f.components:
+        raise ValueError("components: a deployment needs at least one component")
+    _unique([c.name for c in f.components], "components", "component", ".name")
+    _unique([g.name for g in f.scaling_groups], "scaling_groups", "scaling group", ".name")
+    claims = {c.name for c in f.claims}
+    components = {c.name: c for c in f.components}
+    groups = {g.name for g in f.scaling_groups}
+    group_of: dict[str, str] = {}
+    for i, g in enumerate(f.scaling_groups):
+        if g.name in components:
+            raise ValueError(f"scaling_groups[{i}].name: {g.name!r} is also a component: "
+                             "a scaling group needs a name of its own")
+        for j, member in enumerate(g.components):
+            where = f"scaling_groups[{i}].components[{j}]"
+            if member not in components:
+                raise ValueError(f"{where}: no component named {member!r} in this file")
+            if member in group_of:
+                raise ValueError(f"{where}: {member!r} is already in scaling group {group_of[member]!r}")
+            group_of[member] = g.name
+    for i, c in enumerate(f.components):
+        if c.shadow_of is not None:
+            _check_shadow(c, f"components[{i}].shadow_of", components, group_of)
+    shadows = {c.name: c.shadow_of for c in f.components if c.shadow_of is not None}
+    entries: list[tuple[str, SharingSpec, ScalingGroupSpec | None]] = []
+    for i, g in enumerate(f.scaling_groups):
+        entries += [(f"scaling_groups[{i}].sharing[{j}]", e, g) for j, e in enumerate(g.sharing)]
+    entries += [(f"components[{i}].sharing[{j}]", e, None) for i, c in enumerate(f.components)
+                for j, e in enumerate(c.sharing)]
+    entries += [(f"sharing[{j}]", e, None) for j, e in enumerate(f.sharing)]
+    for path, entry, group in entries:
+        if entry.claim not in claims:
+            raise ValueError(f"{path}.claim: no claim named {entry.claim!r} in [[claims]]")
+        _check_filter(entry, path, group, set(components), shadows, groups)
+    _unique([e.claim for e in f.sharing], "sharing", "claim", ".claim", " in this list")
 
 
-def _table(data: Any, path: str, keys: tuple[str, ...]) -> dict[str, Any]:
-    if not isinstance(data, Mapping):
-        raise DeploymentError(path, "expected a table")
-    unknown = sorted(str(k) for k in data if k not in keys)
-    if unknown:
-        where = f"{path}.{unknown[0]}" if path else unknown[0]
-        raise DeploymentError(where, f"unknown field (known: {', '.join(keys)})")
-    return dict(data)
+def _check_shadow(c: ComponentTemplate, where: str, components: dict[str, ComponentTemplate],
+                  group_of: dict[str, str]) -> None:
+    primary = c.shadow_of
+    if primary == c.name:
+        raise ValueError(f"{where}: a component cannot be its own shadow")
+    if primary not in components:
+        raise ValueError(f"{where}: no component named {primary!r} in this file")
+    if group_of.get(primary) != group_of.get(c.name):
+        raise ValueError(f"{where}: {c.name!r} and {primary!r} must be in the same scaling group "
+                         "(or both outside any): a shadow lives beside its primary")
+    target = components[primary].shadow_of
+    if target is not None:
+        raise ValueError(f"{where}: {primary!r} is itself a shadow: name its primary {target!r}")
 
 
-def _array(table: Mapping[str, Any], key: str, path: str) -> list[Any]:
-    value = table.get(key, [])
-    if not isinstance(value, list):
-        raise DeploymentError(f"{path}.{key}" if path else key, "expected an array")
-    return value
+def _check_filter(entry: SharingSpec, path: str, group: ScalingGroupSpec | None, components: set[str],
+                  shadows: dict[str, str], groups: set[str]) -> None:
+    """Names in a filter exist where the filter looks, and none is a shadow
+    (a shadow always takes exactly its primary's groups)."""
+    for k, child in enumerate(entry.components or ()):
+        where = f"{path}.filter.components[{k}]"
+        if group is not None and child not in group.components:
+            raise ValueError(f"{where}: {child!r} is not a component of scaling group {group.name!r}")
+        if child not in components:
+            raise ValueError(f"{where}: no component named {child!r} in this file")
+        if child in shadows:
+            raise ValueError(f"{where}: {child!r} is a shadow of {shadows[child]!r}: it uses its primary's groups")
+    for k, child in enumerate(entry.scaling_groups or ()):
+        if child not in groups:
+            raise ValueError(f"{path}.filter.scaling_groups[{k}]: no scaling group named {child!r}")
 
 
-def _name(value: Any, path: str) -> str:
-    if value is None:
-        raise DeploymentError(path, "required")
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise DeploymentError(path, f"{str(value)[:80]!r} is not a valid name: use 1-63 lowercase letters, "
-                                    "digits and '-', starting with a letter or digit")
-    return value
-
-
-def _count(table: Mapping[str, Any], key: str, path: str) -> int:
-    value = table.get(key, 1)
-    where = f"{path}.{key}" if path else key
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DeploymentError(where, f"expected an integer, got {value!r}")
-    if not 0 <= value <= MAX_REPLICAS:
-        raise DeploymentError(where, f"must be between 0 and {MAX_REPLICAS}, got {value}")
-    return value
-
-
-def _unique(names: list[str], path: str, what: str, suffix: str = "") -> None:
+def _unique(names: Iterable[str], path: str, what: str, suffix: str = "", scope: str = "") -> None:
     seen: set[str] = set()
     for i, name in enumerate(names):
         if name in seen:
-            raise DeploymentError(f"{path}[{i}]{suffix}", f"duplicate {what} {name!r}")
+            raise ValueError(f"{path}[{i}]{suffix}: duplicate {what} {name!r}{scope}")
         seen.add(name)

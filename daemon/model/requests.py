@@ -18,6 +18,8 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
+
 from computegroups.daemon.model.claims import NAME_PATTERN, NAME_RE, Claim, Name
 from computegroups.daemon.model.decoding import (
     PATTERN_PROBLEMS,
@@ -25,12 +27,12 @@ from computegroups.daemon.model.decoding import (
     convert,
     to_plain,
 )
-from msgspec import Meta
 
 __all__ = [
     "MAX_REPLICAS", "NAME_RE", "RESERVED_ENV_PREFIXES", "SCOPES", "ComponentRequest", "ComponentSpec",
-    "GroupRequest", "RequestError", "ReservationRequest", "ReservationSpec", "RestartRequest", "RestartSpec", "ScaleRequest",
-    "Scope", "check_name", "parse_component", "parse_group", "parse_reservation", "parse_restart", "parse_scale",
+    "GroupRequest", "RequestError", "ReservationRequest", "ReservationSpec", "RestartRequest", "RestartSpec",
+    "ScaleRequest", "Scope", "check_name", "parse_component", "parse_group", "parse_reservation",
+    "parse_restart", "parse_scale",
 ]
 
 RESERVED_ENV_PREFIXES = ("CG_", "CUDA_")
@@ -140,12 +142,11 @@ class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_field
     @classmethod
     def from_spec(cls, name: str, spec: ComponentSpec | Mapping[str, Any]) -> ComponentRequest:
         """The request a stored component was made from (its replica count left to the record)."""
-        if not isinstance(spec, ComponentSpec):
-            spec = convert(spec, ComponentSpec, root="spec")
+        s = spec if isinstance(spec, ComponentSpec) else convert(spec, ComponentSpec, root="spec")
         return cls(
-            name=name, claim=spec.claim, scope=spec.scope, share_with=spec.share_with, shadow_of=spec.shadow_of,
-            command=spec.command, shell=spec.shell, env=dict(spec.env), cwd=spec.cwd, restart=spec.restart,
-            stop_timeout_s=spec.stop_timeout_s,
+            name=name, claim=s.claim, scope=s.scope, share_with=s.share_with, shadow_of=s.shadow_of,
+            command=s.command, shell=s.shell, env=dict(s.env), cwd=s.cwd, restart=s.restart,
+            stop_timeout_s=s.stop_timeout_s,
         )
 
 

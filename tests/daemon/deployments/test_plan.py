@@ -3,11 +3,11 @@ who uses which group, and every collision refused with both paths."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 from computegroups.daemon.deployments.plan import expand
 from computegroups.daemon.model.deployment import DeploymentError, DeploymentSpec, parse

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from computegroups.daemon.model.claims import (
     AffinityTerm,
     AllocatorConfig,
     Claim,
     ClaimError,
+    Level,
     Strategy,
     parse_size,
 )
 from computegroups.topology.model import DomainKind
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 
 def refusal(d: object, path: str = "claim") -> str:
@@ -33,7 +35,7 @@ def test_full_claim_round_trips() -> None:
     assert claim.kind == "whole"
     assert claim.colocate is DomainKind.NVLINK and claim.exclusive is DomainKind.NUMA
     assert claim.strategy is Strategy.SPREAD
-    assert claim.affinity == (AffinityTerm("db", "numa"),)
+    assert claim.affinity == (AffinityTerm("db", Level.NUMA),)
     assert claim.to_dict() == d
     assert Claim.from_dict(claim.to_dict()) == claim
 
@@ -92,7 +94,8 @@ def test_gpu_ids_are_sorted() -> None:
     ({"gpus": 1, "affinity": [{"component": "db", "lvl": "numa"}]}, "claim.affinity[0].lvl: unknown field"),
     ({"gpus": 1, "anti_affinity": [{"component": "db", "level": "rack"}]},
      "claim.anti_affinity[0].level: must be one of device, nvlink, pcie, numa, machine"),
-    ({"gpus": 1, "affinity": [{"component": "Bad Name"}]}, "claim.affinity[0].component: 'Bad Name' is not a valid name"),
+    ({"gpus": 1, "affinity": [{"component": "Bad Name"}]},
+     "claim.affinity[0].component: 'Bad Name' is not a valid name"),
     ({"gpus": 1, "replicas": 2}, "claim.replicas: unknown field"),
     ({}, "claim: nothing claimed"),
     ({"gpus": 1, "memory_mib": 10}, "claim: gpus and memory_mib/compute_pct do not combine"),
@@ -112,9 +115,9 @@ def test_refusal_uses_the_callers_path() -> None:
 def test_direct_construction_is_checked_too() -> None:
     # Code that builds a claim gets a plain ValueError (`field: problem`); the
     # decoders put it under the path of the value it came from.
-    with pytest.raises(ValueError, match="^exclusive: must be one of nvlink, pcie, numa, none"):
+    with pytest.raises(ValueError, match=r"^exclusive: must be one of nvlink, pcie, numa, none"):
         Claim(gpus=1, exclusive=DomainKind.MACHINE)
-    with pytest.raises(ValueError, match="^colocate: must be one of"):
+    with pytest.raises(ValueError, match=r"^colocate: must be one of"):
         Claim(gpus=1, colocate="rack")  # type: ignore[arg-type]
     assert Claim(gpus=1, colocate="nvlink").colocate is DomainKind.NVLINK  # type: ignore[arg-type]
 

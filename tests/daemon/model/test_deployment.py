@@ -4,12 +4,12 @@ claims and sharing are immutable; scaling and re-applying keep counts right."""
 from __future__ import annotations
 
 import copy
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
 from computegroups.daemon.model.deployment import (
     DeploymentError,
@@ -66,7 +66,7 @@ def test_the_example_parses_and_round_trips_through_the_state_form() -> None:
         (lambda d: d["scaling_groups"][0]["sharing"].append({"claim": "kv", "scope": "per-replica"}),
          "grove.toml: scaling_groups[0].sharing[3].claim: duplicate claim 'kv' in this list"),
         (lambda d: d["sharing"][0].update(scope="AllReplicas"),
-         "grove.toml: sharing[0].scope: unknown scope 'AllReplicas': use all-replicas or per-replica"),
+         "grove.toml: sharing[0].scope: must be one of per-replica, all-replicas, got 'AllReplicas'"),
         (lambda d: component(d, "worker-a")["sharing"][0].update(filter={"components": ["worker-a"]}),
          "grove.toml: components[0].sharing[0].filter: component-level sharing has no filter"),
         (lambda d: d["scaling_groups"][0]["sharing"][2]["filter"].update(scaling_groups=["sga"]),
@@ -77,7 +77,7 @@ def test_the_example_parses_and_round_trips_through_the_state_form() -> None:
          "grove.toml: sharing[2].filter.components[0]: 'worker-a-standby' is a shadow of 'worker-a'"),
         (lambda d: d["claims"][1].update(memory="lots"), "grove.toml: claims[1].memory: not a size: 'lots'"),
         (lambda d: d["claims"][0].update(memory_mib=5),
-         "grove.toml: claims[0].memory_mib: unknown field (known: name, gpus, memory, compute"),
+         "grove.toml: claims[0].memory_mib: unknown field (known: gpus, memory, compute"),
         (lambda d: d["claims"][0].update(gpus=1, memory="1GiB"), "grove.toml: claims[0]: gpus and memory_mib"),
         (lambda d: d["claims"].append({"name": "kv", "gpus": 1}), "grove.toml: claims[10].name: duplicate claim 'kv'"),
         (lambda d: d["components"].append({"name": "worker-b"}),

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.decoding import to_plain
 from computegroups.daemon.model.deployment import DeploymentSpec
