@@ -120,19 +120,6 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     shares: Shares = msgspec.field(default_factory=Shares)
     workers: Workers = msgspec.field(default_factory=Workers)
 
-    @classmethod
-    def read(cls, data: dict[str, Any]) -> ConfigFile:
-        """The file checked against the model; raises ModelError naming the key.
-
-        Pools are checked one by one first: for a dict entry msgspec's path
-        says `pools[...]`, and the pool's name is what the operator looks for.
-        """
-        pools = data.get("pools")
-        if isinstance(pools, dict):
-            for pool, gpus in pools.items():
-                convert(gpus, Pool, root=f"pools.{pool}")
-        return convert(data, cls)
-
     def daemon_config(self) -> DaemonConfig:
         """What cgd reads; raises ModelError for a value that only reads as text."""
         share_mib, share_fraction = self.placement.share()
@@ -181,6 +168,6 @@ def load_config(path: str | Path | None) -> DaemonConfig:
 
 def parse_config(data: dict[str, Any], name: str = "config") -> DaemonConfig:
     try:
-        return ConfigFile.read(data).daemon_config()
+        return convert(data, ConfigFile).daemon_config()
     except ModelError as exc:
         raise ConfigError(f"{name}: {exc}") from None
