@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from msgspec.structs import replace
 
 from computegroups.daemon.core.manager import Manager, swap_roles
 from computegroups.daemon.core.transactions import remove_component

@@ -26,8 +26,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec.structs import replace
 
 from computegroups.daemon.deployments.plan import InstancePlan, Plan, expand
 from computegroups.daemon.model.deployment import (
