@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import replace
+from msgspec.structs import replace
 from typing import Any
 
 from computegroups.daemon.model.claims import Claim
@@ -40,8 +40,10 @@ from computegroups.daemon.core.workers import (
     WorkerPaths,
     build_env,
     build_spec,
+    groups_by_replica,
     parse_watcher_key,
     replica_ref,
+    visible_devices,
     watcher_key,
     write_role,
 )
@@ -561,13 +563,11 @@ class Manager:
         for ref, pids in self._pids().items():
             for pid in pids:
                 roots[pid] = ref
-        shares: dict[tuple[str, int], int] = {}
-        for g in self.doc.groups.values():
-            for d in g.devices:
-                if not d.whole:
-                    for ref in g.users:
-                        key = (ref, d.gpu_index)
-                        shares[key] = shares.get(key, 0) + d.memory_mib
+        shares = {
+            (ref, d.gpu_index): d.memory_mib
+            for ref, groups in groups_by_replica(self.doc).items()
+            for d in visible_devices(groups) if not d.whole
+        }
         return roots, shares
 
     async def apply_health(self, facts) -> None:

@@ -14,7 +14,10 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import msgspec
+from msgspec.structs import replace
 
 from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
 from computegroups.daemon.model.claims import Claim
@@ -22,6 +25,7 @@ from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, InsufficientCapacity, NotFound, Unsatisfiable
 from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.core.consistency import check_consistent
 from computegroups.daemon.core.workers import replica_groups, replica_ref
 from computegroups.statefiles.schema import (
     ComponentRecord,
@@ -77,6 +81,7 @@ class StateKeeper:
         self.clock = clock
         self.lock = asyncio.Lock()
         self.doc: StateDoc = store.load()
+        check_consistent(self.doc, machine)
         self.unhealthy: set[int] = set()
         self.foreign: dict[int, int] = {}
         self.path_owner: Callable[[StateDoc, str], str | None] = lambda doc, name: None
@@ -284,8 +289,8 @@ def new_component_records(
                 replica_ref(name, g.replica or 0),)
             doc.groups[g.id] = replace(g, state="allocated", owner=name, users=users)
         del doc.reservations[name]
-        request = replace(request, claim=Claim.from_dict(groups[0].claim) if groups else request.claim,
-                          scope=scope)
+        request = msgspec.structs.replace(
+            request, claim=Claim.from_dict(groups[0].claim) if groups else request.claim, scope=scope)
     else:
         if request.claim is None:
             raise BadRequest("claim: required (or share_with, shadow_of, or a reservation of this name)")

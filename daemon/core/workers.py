@@ -18,7 +18,13 @@ from computegroups.daemon.paths import RUNTIME_MODE, own_dir
 from computegroups.daemon.model.refs import ReplicaRef
 from computegroups.daemon.model.requests import ComponentRequest
 from computegroups.daemon.supervision.supervisor import RestartPolicy, WorkerSpec
-from computegroups.daemon.supervision.workerenv import MpsSettings, VisibleDevice, owner_env, worker_env
+from computegroups.daemon.supervision.workerenv import (
+    MpsSettings,
+    VisibleDevice,
+    merge_devices,
+    owner_env,
+    worker_env,
+)
 from computegroups.daemon.supervision.worklogs import log_paths
 from computegroups.statefiles.schema import ComponentRecord, GroupRecord, StateDoc
 
@@ -46,17 +52,22 @@ def replica_groups(doc: StateDoc, component: str, replica: int) -> list[GroupRec
 
 
 def visible_devices(groups: list[GroupRecord]) -> list[VisibleDevice]:
-    """All devices of a replica's groups, each physical device once."""
-    seen: dict[tuple[int, str | None], VisibleDevice] = {}
-    for group in groups:
-        for dev in group.devices:
-            key = (dev.gpu_index, dev.mig_uuid)
-            if key not in seen:
-                seen[key] = VisibleDevice(
-                    gpu_index=dev.gpu_index, gpu_uuid=dev.gpu_uuid, mig_uuid=dev.mig_uuid,
-                    memory_mib=dev.memory_mib, compute_pct=dev.compute_pct, whole=dev.whole,
-                )
-    return sorted(seen.values(), key=lambda d: (d.gpu_index, d.mig_uuid or ""))
+    """What a replica may use: each device of its groups once, with the sum of its shares there."""
+    merged = merge_devices(
+        VisibleDevice(gpu_index=dev.gpu_index, gpu_uuid=dev.gpu_uuid, mig_uuid=dev.mig_uuid,
+                      memory_mib=dev.memory_mib, compute_pct=dev.compute_pct, whole=dev.whole)
+        for group in groups for dev in group.devices
+    )
+    return sorted(merged, key=lambda d: (d.gpu_index, d.mig_uuid or ""))
+
+
+def groups_by_replica(doc: StateDoc) -> dict[str, list[GroupRecord]]:
+    """Every replica's groups at once, for views over all workers (one pass over the groups)."""
+    out: dict[str, list[GroupRecord]] = {}
+    for g in sorted(doc.groups.values(), key=lambda g: g.id):
+        for ref in g.users:
+            out.setdefault(ref, []).append(g)
+    return out
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from msgspec import structs
+
 from computegroups.daemon.model.claims import AllocatorConfig, Claim
 from computegroups.daemon.placement import shares, wholes
 from computegroups.daemon.placement.feasible import check_ever
@@ -59,7 +61,7 @@ class Allocator:
         if live:
             raise ValueError(f"group {live[0]!r} is already placed")
         if claim.strategy is None:
-            claim = replace(claim, strategy=self.config.default_strategy)
+            claim = structs.replace(claim, strategy=self.config.default_strategy)
         check_ever(self.topo, self.config, claim, len(ids))
         undo: list[tuple[str, Holding]] = []
         placements: list[Placement] = []

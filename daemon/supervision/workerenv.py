@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 ROLES = ("primary", "shadow")
@@ -149,7 +149,7 @@ def worker_env(
     if replica < 0:
         raise ValueError(f"replica must be >= 0, got {replica}")
     _check_extra(extra)
-    merged = _merge_duplicates(devices)
+    merged = merge_devices(devices)
 
     env = {"PATH": owner.path, "HOME": owner.home, "USER": owner.user}
     if owner.lang is not None:
@@ -191,7 +191,7 @@ def cuda_visible_devices(devices: Sequence[VisibleDevice], naming: str = "indice
     """
     if naming not in NAMINGS:
         raise ValueError(f"naming must be one of {', '.join(NAMINGS)}, got {naming!r}")
-    return ",".join(_device_name(d, naming) for d in _merge_duplicates(devices))
+    return ",".join(_device_name(d, naming) for d in merge_devices(devices))
 
 
 def _device_name(device: VisibleDevice, naming: str) -> str:
@@ -200,7 +200,14 @@ def _device_name(device: VisibleDevice, naming: str) -> str:
     return device.gpu_uuid if naming == "uuid" else str(device.gpu_index)
 
 
-def _merge_duplicates(devices: Sequence[VisibleDevice]) -> list[VisibleDevice]:
+def merge_devices(devices: Iterable[VisibleDevice]) -> list[VisibleDevice]:
+    """Each physical device once, in first-seen order: shares add up, a whole device wins.
+
+    A replica can reach one GPU through several groups (its own share and a
+    share of a group it is attached to); its budget on that GPU is the sum
+    of them. This is the one place that sum is made, so the environment, the
+    API's views, MPS limits and the health check never disagree.
+    """
     merged: dict[tuple[str, str | None], VisibleDevice] = {}
     for device in devices:
         key = (device.gpu_uuid, device.mig_uuid)

@@ -14,11 +14,12 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import replace
+from msgspec.structs import replace
+from pathlib import Path
 
 import pytest
 
-from tests.daemon_fixture import Cgd
+from tests.daemon_fixture import Cgd, wait_for
 from tests.reliability.chaos import WORKER, Client, Monkey, Outcome
 from tests.reliability.invariants import (
     Ledger,
@@ -107,6 +108,16 @@ def test_invariant_checks_catch_what_they_claim(cgd: Cgd) -> None:
     assert "cgd says '7,6'" in found
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for `signum` (SigCgt in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
 def test_back_to_back_deaths_do_not_loop_promotions(cgd: Cgd) -> None:
     """The primary dies, then the shadow that took over dies while the old
     primary is just coming back as the new shadow: that fresh shadow must
@@ -119,7 +130,12 @@ def test_back_to_back_deaths_do_not_loop_promotions(cgd: Cgd) -> None:
     def replica(name: str) -> dict:
         return cgd.request("GET", f"/v1/components/{name}")[1]["replicas"][0]
 
-    time.sleep(1.0)  # both workers have installed their handlers
+    def ready(name: str) -> bool:
+        # A promotion signal ends a worker that has not yet installed its handler.
+        pids = replica(name)["pids"]
+        return bool(pids) and catches(pids[0], signal.SIGUSR1)
+
+    wait_for(lambda: ready("web") and ready("web-s"), "both workers handle SIGUSR1")
     first = replica("web")["pids"][0]
     os.kill(first, signal.SIGKILL)
     deadline = time.monotonic() + 10

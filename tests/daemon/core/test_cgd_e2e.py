@@ -271,7 +271,7 @@ def test_lease_released_when_client_dies(cgd: Cgd) -> None:
 
 
 def test_release_cut_short_by_a_crash_is_finished_on_restart(start_cgd) -> None:
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from computegroups.statefiles.store import StateStore
 
@@ -429,7 +429,7 @@ def test_a_failed_replica_comes_back_with_restart(cgd: Cgd, tmp_path: Path) -> N
 
 def test_a_promotion_cut_short_by_a_crash_is_finished_on_restart(start_cgd) -> None:
     """cgd killed after committing a promotion but before telling the shadow."""
-    from dataclasses import replace
+    from msgspec.structs import replace
 
     from computegroups.statefiles.store import StateStore
 
@@ -574,3 +574,18 @@ def test_a_drained_group_can_be_undrained(cgd: Cgd) -> None:
     assert status == 200 and reply["state"] == "allocated", reply
     allocate(cgd, {"name": "b", "claim": {"memory_mib": 1024, "gpu_ids": [2]}})
     assert cgd.request("POST", "/v1/groups/nosuch/undrain")[0] == 404
+
+
+def test_a_state_that_gives_one_gpu_to_two_groups_is_refused_at_start(start_cgd) -> None:
+    cgd = start_cgd("dgx-h100")
+    allocate(cgd, {"name": "one", "claim": {"gpus": 1, "gpu_ids": [3]}})
+    allocate(cgd, {"name": "two", "claim": {"gpus": 1, "gpu_ids": [4]}})
+    assert cgd.stop() == 0
+    data = state_file(cgd)
+    del data["checksum"]
+    data["groups"]["two-0"]["devices"] = data["groups"]["one-0"]["devices"]
+    (cgd.state_dir / "state.json").write_text(json.dumps(data, indent=2))
+    again = subprocess.run(cgd.command(), env=cgd.env(), capture_output=True, text=True, timeout=30)
+    assert again.returncode == 3
+    assert "GPU 3 is held whole by group one-0 and also by group two-0" in again.stderr
+    assert again.stderr.startswith("cgd: error: the state (generation")

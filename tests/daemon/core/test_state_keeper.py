@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
-from computegroups.daemon.core.transactions import Caller, StateKeeper, new_component_records
+from computegroups.daemon.core.consistency import StateContradiction
+from computegroups.daemon.core.transactions import Caller, StateKeeper, attach_refs, new_component_records
+from computegroups.daemon.core.views import component_view
+from computegroups.daemon.core.workers import groups_by_replica, visible_devices
 from computegroups.daemon.model.claims import AffinityTerm, Claim
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.errors import InsufficientCapacity
 from computegroups.daemon.model.requests import ComponentRequest
+from computegroups.daemon.supervision.workerenv import MpsSettings, OwnerEnv, worker_env
 from computegroups.statefiles.store import StateStore
 from computegroups.topology import load_machine
 
 ROOT = Caller(pid=1, uid=0, gid=0)
+R = TypeVar("R")
+
+
+def changed(record: R, **fields: Any) -> R:
+    """A copy of a state record with some fields changed, as a hand edit of the file would."""
+    new = copy.copy(record)
+    for name, value in fields.items():
+        setattr(new, name, value)
+    return new
 
 
 def keeper(state: Path) -> StateKeeper:
@@ -62,3 +77,53 @@ def test_a_group_freed_earlier_in_the_same_transaction_can_be_placed_again(tmp_p
         del doc.components["a"]
         new_component_records(doc, k, ComponentRequest(name="b", claim=Claim(gpus=8)), ROOT)
     assert {h.group_id: h.users for h in k.allocator.holdings()} == {"b-0": frozenset({"b"})}
+
+
+def test_a_state_that_holds_a_gpu_twice_is_refused_with_the_groups_named(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    allocate(k, "a", Claim(gpus=1, gpu_ids=(3,)))
+    allocate(k, "b", Claim(memory_mib=1024, gpu_ids=(4,)))
+    with k.store.transaction() as doc:
+        doc.groups["b-0"].devices = tuple(
+            changed(d, gpu_index=3, gpu_uuid=doc.groups["a-0"].devices[0].gpu_uuid)
+            for d in doc.groups["b-0"].devices)
+    with pytest.raises(StateContradiction, match=r"GPU 3 is held whole by group a-0 and also by group b-0"):
+        keeper(tmp_path)
+
+
+def test_shares_past_a_gpus_memory_are_refused(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    allocate(k, "a", Claim(memory_mib=40000, gpu_ids=(2,)))
+    allocate(k, "b", Claim(memory_mib=40000, gpu_ids=(2,)))
+    with k.store.transaction() as doc:
+        doc.groups["b-0"].devices = tuple(changed(d, memory_mib=60000) for d in doc.groups["b-0"].devices)
+    with pytest.raises(StateContradiction, match=r"GPU 2 has 81559 MiB but groups a-0, b-0 hold 100000 MiB"):
+        keeper(tmp_path)
+
+
+def test_groups_on_a_gpu_that_is_gone_are_no_contradiction(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    allocate(k, "a", Claim(gpus=1, gpu_ids=(3,)))
+    allocate(k, "b", Claim(gpus=1, gpu_ids=(4,)))
+    with k.store.transaction() as doc:
+        gone = tuple(changed(d, gpu_uuid="GPU-gone") for d in doc.groups["a-0"].devices)
+        doc.groups["a-0"].devices = gone
+        doc.groups["b-0"].devices = gone
+    keeper(tmp_path)
+
+
+def test_a_replica_budget_on_a_gpu_is_the_sum_of_its_shares_there_everywhere(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    allocate(k, "db", Claim(memory_mib=2048, compute_pct=10, gpu_ids=(1,)))
+    with k.transaction() as doc:
+        new_component_records(doc, k, ComponentRequest(name="side", claim=Claim(memory_mib=1024, gpu_ids=(1,))), ROOT)
+        attach_refs(doc, ["db-0"], ["side/0"])
+    groups = groups_by_replica(k.doc)["side/0"]
+    (device,) = visible_devices(groups)
+    assert (device.gpu_index, device.memory_mib, device.compute_pct, device.whole) == (1, 3072, 10, False)
+    env = worker_env(owner=OwnerEnv(0, 0, "root", "/root", "/usr/bin", None), devices=visible_devices(groups),
+                     component="side", replica=0, role="primary", groups=[g.id for g in groups],
+                     role_file="/run/r", mps=MpsSettings("/run/mps"))
+    assert env["CG_GPU_MEMORY_MIB"] == "3072" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3072M"
+    view = component_view(k.doc, k.doc.components["side"], {}, "indices", {})
+    assert [(d["index"], d["memory_mib"]) for d in view["replicas"][0]["devices"]] == [(1, 3072)]
