@@ -22,16 +22,17 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from computegroups.daemon.model.claims import Claim, Strategy
 from computegroups.daemon.placement.allocator import Allocator, PlacementError
-from computegroups.daemon.model.claims import Claim
 from computegroups.topology import load_machine
-from computegroups.topology.model import Machine
+from computegroups.topology.model import DomainKind, Machine
 
 GIB = 1024
 
@@ -54,10 +55,10 @@ def machines() -> list[tuple[str, Machine]]:
 
 
 def speed_claims() -> list[Claim]:
-    return [Claim(gpus=1), Claim(gpus=2), Claim(gpus=4), Claim(gpus=2, colocate="nvlink"),
-            Claim(gpus=4, colocate="nvlink", strategy="spread"), Claim(memory_mib=4 * GIB),
-            Claim(memory_mib=2 * GIB, compute_pct=10, strategy="spread"), Claim(gpus=1, exclusive="pcie"),
-            Claim(gpus=8)]
+    return [Claim(gpus=1), Claim(gpus=2), Claim(gpus=4), Claim(gpus=2, colocate=DomainKind.NVLINK),
+            Claim(gpus=4, colocate=DomainKind.NVLINK, strategy=Strategy.SPREAD), Claim(memory_mib=4 * GIB),
+            Claim(memory_mib=2 * GIB, compute_pct=10, strategy=Strategy.SPREAD),
+            Claim(gpus=1, exclusive=DomainKind.PCIE), Claim(gpus=8)]
 
 
 def with_live_groups(machine: Machine, count: int) -> Allocator:
@@ -143,7 +144,7 @@ class FirstFit:
 class Outcome:
     accepted: int = 0
     attempted: int = 0
-    multi_scores: list[int] | None = None
+    multi_scores: list[int] = field(default_factory=list)
 
     def mean_multi(self) -> float:
         return statistics.mean(self.multi_scores) if self.multi_scores else 0.0
@@ -166,24 +167,31 @@ def trace(seed: int, steps: int, gpus: int) -> list[tuple[int, Claim, int]]:
 
 
 def replay(machine: Machine, events: list[tuple[int, Claim, int]], ours: bool) -> Outcome:
-    outcome = Outcome(multi_scores=[])
-    allocator = Allocator(machine) if ours else None
-    baseline = None if ours else FirstFit(machine)
+    outcome = Outcome()
+    place: Callable[[Claim, str], tuple[int, ...] | None]
+    release: Callable[[str], None]
+    if ours:
+        allocator = Allocator(machine)
+
+        def place(claim: Claim, gid: str) -> tuple[int, ...] | None:
+            try:
+                return tuple(allocator.allocate(claim, [gid], "trace")[0].gpus)
+            except PlacementError:
+                return None
+
+        release = allocator.release
+    else:
+        baseline = FirstFit(machine)
+        place, release = baseline.allocate, baseline.release
     ends: dict[int, list[str]] = {}
     for step, claim, life in events:
         for gid in ends.pop(step, []):
-            allocator.release(gid) if allocator else baseline.release(gid)
+            release(gid)
         gid = f"t{step}"
         outcome.attempted += 1
-        if allocator is not None:
-            try:
-                gpus = allocator.allocate(claim, [gid], "trace")[0].gpus
-            except PlacementError:
-                continue
-        else:
-            gpus = baseline.allocate(claim, gid)
-            if gpus is None:
-                continue
+        gpus = place(claim, gid)
+        if gpus is None:
+            continue
         outcome.accepted += 1
         ends.setdefault(step + life, []).append(gid)
         if len(gpus) > 1:

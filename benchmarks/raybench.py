@@ -40,7 +40,7 @@ the halves take four GPUs and all twelve fit on eight."""
 
 def run(quick: bool = False) -> list[Table]:
     try:
-        import ray  # type: ignore[import-not-found]
+        import ray
     except ImportError:
         return [skipped(TITLE, MISSING)]
     reps, runs = (5, 2) if quick else (20, 5)
@@ -63,8 +63,9 @@ def run(quick: bool = False) -> list[Table]:
     cycle.note("Ray: an actor with num_gpus=0.25 answering one method call, then ray.kill; cgd: a component "
                "with a 20 GiB / 25% share whose Python worker writes its CUDA_VISIBLE_DEVICES, then release.")
     wanted = sum(n for _, n in SCENARIO)
-    placed = Table(f"{TITLE}: {' then '.join(f'{n} x {f:g} GPU' for f, n in SCENARIO)} on {GPUS} GPUs, "
-                   f"{runs} runs", ["system", "runs with all placed", "fewest placed", "most GPUs holding the fractions"])
+    scenario = " then ".join(f"{n} x {f:g} GPU" for f, n in SCENARIO)
+    placed = Table(f"{TITLE}: {scenario} on {GPUS} GPUs, {runs} runs",
+                   ["system", "runs with all placed", "fewest placed", "most GPUs holding the fractions"])
     for system, results in (("cgd", cgd_placed), (f"Ray {ray.__version__}", ray_placed)):
         placed.add(system, f"{sum(1 for count, _ in results if count == wanted)} of {runs}",
                    f"{min(count for count, _ in results)} of {wanted}", max(gpus for _, gpus in results))

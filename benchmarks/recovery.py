@@ -95,6 +95,7 @@ def naive_supervisor(instance: str) -> Iterator[subprocess.Popen]:
 
 def naive_crashes(reps: int, window_s: float) -> tuple[dict[str, list[float]], tuple[float, float]]:
     out: dict[str, list[float]] = {"answer": [], "restarted": [], "orphans": [], "over": []}
+    idle: tuple[float, float] | None = None
     with scratch("cg-naive-") as root:
         instance = str(root)
         try:
@@ -115,6 +116,8 @@ def naive_crashes(reps: int, window_s: float) -> tuple[dict[str, list[float]], t
                 kill_all(marked_processes(MARKER, instance))
         finally:
             kill_all(marked_processes(MARKER, instance))
+    if idle is None:
+        raise ValueError("the naive supervisor's idle cost needs at least one repetition")
     return out, idle
 
 

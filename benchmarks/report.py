@@ -92,9 +92,9 @@ def render_text(table: Table) -> str:
         cells = [[fmt(c) for c in row] for row in table.rows]
         widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(table.columns)]
         numeric = [all(_is_number(row[i]) for row in table.rows) for i in range(len(table.columns))]
-        lines.append("  ".join(_pad(h, w, n) for h, w, n in zip(table.columns, widths, numeric)))
+        lines.append("  ".join(_pad(h, w, n) for h, w, n in zip(table.columns, widths, numeric, strict=True)))
         for row in cells:
-            lines.append("  ".join(_pad(c, w, n) for c, w, n in zip(row, widths, numeric)))
+            lines.append("  ".join(_pad(c, w, n) for c, w, n in zip(row, widths, numeric, strict=True)))
     lines.extend(f"  {note}" for note in table.notes)
     return "\n".join(lines)
 
@@ -145,7 +145,7 @@ def _memory() -> str:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) or value is None
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) or value is None
 
 
 def _pad(text: str, width: int, right: bool) -> str:

@@ -108,8 +108,8 @@ def component_text(c: Doc, verb: str, explain: bool = False) -> list[str]:
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    return ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in (header, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    return ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)).rstrip() for row in (header, *rows)]
 
 
 def list_text(components: Sequence[Doc], reservations: Sequence[Doc]) -> list[str]:
@@ -202,7 +202,7 @@ def status_text(status: Doc, style: Style) -> list[str]:
     unhealthy = sum(1 for g in gpus if g.get("health") not in (None, "ok") or g.get("degraded"))
     lines = [f"{len(gpus)} GPUs: {busy} in use, {drained} drained, {unhealthy} unhealthy"]
     for g in gpus:
-        lines += [""] + gpu_block(g, style)
+        lines += ["", *gpu_block(g, style)]
     lost = status.get("lost_groups") or []
     if lost:
         lines += ["", style("LOST", fg="red", bold=True) + " groups whose devices vanished:"]

@@ -105,7 +105,7 @@ def run_child(argv: Sequence[str], env: Mapping[str, str], cwd: str | None,
         # which cgctl could die of one before passing it on.
         child = subprocess.Popen(
             list(argv), env=dict(env), cwd=cwd,
-            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, child_mask),  # noqa: PLW1509
+            preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, child_mask),
         )
     except OSError as exc:
         click.echo(f"cgctl: error: cannot run {argv[0]!r}: {exc.strerror}", err=True)

@@ -17,18 +17,18 @@ from pathlib import Path
 import filelock
 
 from computegroups.daemon import sdnotify
-from computegroups.daemon.model.config import DaemonConfig
-from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.api.deployments import deployment_routes
+from computegroups.daemon.api.server import CgdApp, listen
 from computegroups.daemon.core.health import HealthMonitor
 from computegroups.daemon.core.manager import Manager
-from computegroups.daemon.supervision.mps import MpsControl, MpsError
-from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir
 from computegroups.daemon.core.recovery import recover, shutdown
-from computegroups.daemon.api.server import CgdApp, listen
-from computegroups.daemon.supervision.supervisor import Supervisor
 from computegroups.daemon.core.transactions import StateKeeper
 from computegroups.daemon.core.workers import WorkerPaths
+from computegroups.daemon.deployments.ops import Deployments
+from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir
+from computegroups.daemon.supervision.mps import MpsControl, MpsError
+from computegroups.daemon.supervision.supervisor import Supervisor, WorkerExit, WorkerStart
 from computegroups.daemon.supervision.worklogs import rotate_all
 from computegroups.statefiles.errors import StateError
 from computegroups.statefiles.store import StateStore
@@ -145,12 +145,20 @@ class Daemon:
         except StateError as exc:
             raise StartupError(str(exc)) from None
         worker_paths = WorkerPaths(opts.log_dir, self.runtime_dir, str(opts.state_dir.resolve()))
+        # The supervisor and the manager need each other: the supervisor is
+        # built first and reports nothing before `supervisor.start()`, which
+        # runs once the manager exists.
         manager: Manager | None = None
-        self.supervisor = Supervisor(
-            self.runtime_dir,
-            on_exit=lambda ev: manager.on_worker_exit(ev),
-            on_start=lambda ev: manager.on_worker_start(ev),
-        )
+
+        def on_exit(event: WorkerExit) -> None:
+            assert manager is not None, "a worker event before the manager exists"
+            manager.on_worker_exit(event)
+
+        def on_start(event: WorkerStart) -> None:
+            assert manager is not None, "a worker event before the manager exists"
+            manager.on_worker_start(event)
+
+        self.supervisor = Supervisor(self.runtime_dir, on_exit=on_exit, on_start=on_start)
         self.mps = None
         if opts.config.mps:
             self.mps = MpsControl(self.runtime_dir / "mps", opts.log_dir / "mps")

@@ -14,6 +14,7 @@ import resource
 import signal
 import sys
 from pathlib import Path
+from typing import ClassVar, NoReturn
 
 import click
 
@@ -29,7 +30,9 @@ NOFILE_TARGET = 65536
 class JournalFormatter(logging.Formatter):
     """Priority prefixes journald understands; plain timestamps elsewhere."""
 
-    PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+    PRIORITY: ClassVar[dict[int, int]] = {
+        logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2,
+    }
 
     def __init__(self, journald: bool) -> None:
         fmt = "%(name)s: %(message)s" if journald else "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -82,8 +85,8 @@ def setup_logging(verbose: bool) -> None:
 @click.version_option(package_name="computegroups", prog_name="cgd")
 def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, keep_workers, verbose) -> None:
     """Run the computegroups daemon in the foreground."""
-    from computegroups.daemon.lifecycle import Options, StartupError
     from computegroups.daemon.api.server import SocketInUse, refuse_live_socket
+    from computegroups.daemon.lifecycle import Options, StartupError
     from computegroups.statefiles.paths import default_state_dir
 
     setup_logging(verbose)
@@ -115,7 +118,7 @@ def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, 
     sys.exit(code)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"cgd: error: {message}", err=True)
     sys.exit(EXIT_STARTUP_FAILURE)
 

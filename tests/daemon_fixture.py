@@ -15,9 +15,26 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], what: str, timeout: float = 10.0, interval: float = 0.02) -> T:
+    """Poll `check` until it answers something truthy, and return that.
+
+    Tests wait for what they can observe (a file, a pid, an answer) rather
+    than for a fixed time, which is both slower and flaky on a loaded box.
+    """
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(interval)
+    return value
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -44,7 +61,14 @@ class Cgd:
     machine: str
     extra_args: tuple[str, ...] = ()
     env_extra: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The daemon's pid, once `start()` has run."""
+        if self.proc is None:
+            raise RuntimeError("cgd was not started")
+        return self.proc.pid
 
     @property
     def socket(self) -> Path:
@@ -89,12 +113,11 @@ class Cgd:
 
     def start(self, timeout: float = 20.0) -> Cgd:
         (self.root / "run").mkdir(parents=True, exist_ok=True)
-        stderr = open(self.stderr_path, "ab")
-        self.proc = subprocess.Popen(
-            self.command(), env=self.env(), stdin=subprocess.DEVNULL,
-            stdout=stderr, stderr=stderr, start_new_session=True,
-        )
-        stderr.close()
+        with open(self.stderr_path, "ab") as stderr:
+            self.proc = subprocess.Popen(
+                self.command(), env=self.env(), stdin=subprocess.DEVNULL,
+                stdout=stderr, stderr=stderr, start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -12,13 +12,9 @@ import os
 
 from computegroups.topology.discovery import discover
 from computegroups.topology.fakenvml import FakeNvml
-from computegroups.topology.machinefile import (
-    MachineFileError,
-    load_machine_spec,
-    simulated_machine_names,
-)
+from computegroups.topology.machinefile import load_machine_spec
 from computegroups.topology.model import Machine
-from computegroups.topology.nvml import NvmlGateway, NvmlUnavailable
+from computegroups.topology.nvml import NvmlGateway
 
 SIMULATE_ENV = "CG_SIMULATE"
 

@@ -36,7 +36,7 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
         try:
             raw = await asyncio.wait_for(self._exchange(request.encode()), self.timeout)
             status, payload = parse_answer(raw)
-        except asyncio.TimeoutError:  # noqa: UP041 - not the builtin (nor an OSError) before Python 3.11
+        except asyncio.TimeoutError:  # not the builtin (nor an OSError) before Python 3.11
             raise connection_error(self.socket_path, TimeoutError(), self.timeout) from None
         except OSError as exc:
             raise connection_error(self.socket_path, exc, self.timeout) from None

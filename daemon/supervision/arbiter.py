@@ -47,12 +47,12 @@ class _NoSignals:
         return None
 
 
-class _Controller(Controller):  # type: ignore[misc]
+class _Controller(Controller):
     def _init_syshandler(self) -> None:
         self.sys_hdl = _NoSignals()
 
 
-class _Arbiter(Arbiter):  # type: ignore[misc]
+class _Arbiter(Arbiter):
     def _init_context(self, context: zmq.Context[zmq.Socket[bytes]]) -> None:
         self.context = context
         self._ensure_ioloop()

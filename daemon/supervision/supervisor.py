@@ -41,8 +41,8 @@ from circus.process import Process
 from circus.watcher import Watcher
 
 from computegroups.daemon.supervision import worklogs
-from computegroups.daemon.supervision.launch import LaunchSpec, shim_argv, write_spec
 from computegroups.daemon.supervision.arbiter import LoopArbiter
+from computegroups.daemon.supervision.launch import LaunchSpec, shim_argv, write_spec
 from computegroups.daemon.supervision.processes import ProcessHandle
 
 log = logging.getLogger(__name__)

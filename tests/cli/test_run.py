@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def _driver(signame: str, mode: str, **popen: object) -> subprocess.Popen[bytes]:
+def _driver(signame: str, mode: str, **popen: Any) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-c", DRIVER, signame, mode, COUNTER], env=env, **popen)
 

@@ -24,7 +24,7 @@ class FakeSocket:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    def __enter__(self) -> FakeSocket:  # noqa: PYI034 - Self is not in Python 3.10's typing
+    def __enter__(self) -> FakeSocket:  # typing.Self is not in Python 3.10
         self._thread.start()
         return self
 

@@ -89,7 +89,8 @@ def test_blocking_and_async_clients_agree(cgd: Cgd) -> None:
 
 
 def test_documented_example_runs(cgd: Cgd) -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "client_example.py"), str(cgd.socket)],
-                            capture_output=True, text=True, timeout=60, check=False, env={**cgd.env(), "PYTHONPATH": str(ROOT)})
+    example = ROOT / "docs" / "examples" / "client_example.py"
+    result = subprocess.run([sys.executable, str(example), str(cgd.socket)], capture_output=True, text=True,
+                            timeout=60, check=False, env={**cgd.env(), "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     assert "refused as expected (unsatisfiable)" in result.stdout and result.stdout.endswith("released\n")

@@ -65,7 +65,8 @@ def test_daemon_error_keeps_status_code_and_message() -> None:
     body = json.dumps({"error": {"code": "insufficient_capacity", "message": "GPU 0 is full"}}).encode()
     with pytest.raises(CgdError) as caught:
         decode_answer(409, body)
-    assert (caught.value.status, caught.value.code, caught.value.message) == (409, "insufficient_capacity", "GPU 0 is full")
+    error = caught.value
+    assert (error.status, error.code, error.message) == (409, "insufficient_capacity", "GPU 0 is full")
 
 
 def test_error_that_is_not_cgds_shape_still_is_a_cgd_error() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir
 from computegroups.daemon.core.workers import WorkerPaths, write_role
+from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir
 from tests.daemon_fixture import Cgd
 
 NOBODY = 65534

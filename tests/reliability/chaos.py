@@ -184,7 +184,7 @@ class Monkey(threading.Thread):
                     self.cgd.start()
                 else:
                     self.kill_worker()
-        except Exception as exc:  # noqa: BLE001 - the test re-raises it in the main thread
+        except Exception as exc:  # the test re-raises it in the main thread
             self.error = exc
 
     def kill_worker(self) -> None:

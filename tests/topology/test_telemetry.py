@@ -153,6 +153,7 @@ def test_mps_clients_replace_their_server(telemetry: Telemetry, faults: FaultFil
         "open('/proc/self/comm', 'w').write('nvidia-cuda-mps-server')\n"
         "print('named', flush=True)\n"
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
     try:
         assert server.stdout.readline().strip() == "named"
         faults.write({"processes": [{"gpu": 0, "pid": server.pid, "used_memory_mib": 3000},

@@ -6,14 +6,15 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
-from computegroups.daemon.model.config import HealthConfig
 from computegroups.daemon.core.health import assess, owners_of
+from computegroups.daemon.model.config import HealthConfig
 from computegroups.topology.telemetry import GpuProcess, GpuSample
 
 
-def sample(index: int, **kw) -> GpuSample:
-    base = dict(
+def sample(index: int, **kw: Any) -> GpuSample:
+    base: dict[str, Any] = dict(
         index=index, uuid=f"GPU-{index}", lost=False, memory_used_mib=0, memory_total_mib=81559,
         temperature_c=40, xid_errors=(), ecc_uncorrected=0, remapped_rows_pending=False,
         processes=(), utilization_pct=0,
@@ -62,6 +63,7 @@ def test_a_workers_descendants_are_its_own_and_nothing_else_is() -> None:
             "print(child.pid, flush=True)\n"
             "time.sleep(60)\n")
     worker = subprocess.Popen([sys.executable, "-c", tree], stdout=subprocess.PIPE, text=True)
+    assert worker.stdout is not None
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         grandchild = int(worker.stdout.readline())

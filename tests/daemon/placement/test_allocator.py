@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim, Level, Strategy
 from computegroups.daemon.placement.allocator import (
     Allocator,
     DeviceShare,
@@ -12,10 +13,9 @@ from computegroups.daemon.placement.allocator import (
     NeverFits,
     PlacementError,
 )
-from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim
-from tests.daemon.placement.allocator_machines import change, follow, islands
 from computegroups.topology import load_machine, simulated_machine_names
 from computegroups.topology.model import DomainKind
+from tests.daemon.placement.allocator_machines import change, follow, islands
 
 GIB = 1024
 
@@ -70,7 +70,7 @@ def test_three_10gib_shares_binpack_on_one_a6000(name: str) -> None:
 @pytest.mark.parametrize("name", ["workstation-4x-pcie", "workstation-nvlink-pairs"])
 def test_three_10gib_shares_spread_on_three_gpus(name: str) -> None:
     a = Allocator(machine(name))
-    placements = [one(a, Claim(memory_mib=10 * GIB, strategy="spread"), gid) for gid in "abc"]
+    placements = [one(a, Claim(memory_mib=10 * GIB, strategy=Strategy.SPREAD), gid) for gid in "abc"]
     assert len({p.gpus for p in placements}) == 3
 
 
@@ -143,7 +143,7 @@ def test_every_machine_places_each_kind_of_claim(name: str) -> None:
     a = Allocator(m)
     one(a, Claim(gpus=1), "whole")
     one(a, Claim(memory_mib=1024, compute_pct=10), "share")
-    one(a, Claim(gpus=min(2, len(m.gpus) - 1), colocate="numa"), "numa")
+    one(a, Claim(gpus=min(2, len(m.gpus) - 1), colocate=DomainKind.NUMA), "numa")
     profiles = sorted({d.profile for g in m.gpus for d in g.mig_devices})
     if profiles:
         mig = one(a, Claim(mig=profiles[0]), "mig")
@@ -167,7 +167,7 @@ def test_mig_gpus_take_only_mig_claims_and_plain_memory_shares() -> None:
     small = min((d for g in m.gpus for d in g.mig_devices), key=lambda d: d.memory_mib or 0)
     share = one(a, Claim(memory_mib=small.memory_mib), "plain")
     assert share.devices[0].mig_uuid == small.uuid
-    with pytest.raises(NeverFits, match="unknown MIG profile '9g.99gb'.*profiles: "):
+    with pytest.raises(NeverFits, match=r"unknown MIG profile '9g\.99gb'.*profiles: "):
         one(a, Claim(mig="9g.99gb"), "bad")
 
 
@@ -194,25 +194,25 @@ def test_colocation_failure_names_the_largest_free_island() -> None:
     one(a, Claim(gpus=1, gpu_ids=(4,)), "x")
     one(a, Claim(gpus=2, gpu_ids=(0, 1)), "y")
     with pytest.raises(DoesNotFitNow) as info:
-        one(a, Claim(gpus=4, colocate="nvlink"), "z")
+        one(a, Claim(gpus=4, colocate=DomainKind.NVLINK), "z")
     assert str(info.value) == "needs 4 NVLink-colocated GPUs; the largest free NVLink island has 3: GPUs 5-7"
     with pytest.raises(NeverFits, match="needs 5 NVLink-colocated GPUs; the largest NVLink island"):
-        one(a, Claim(gpus=5, colocate="nvlink"), "z")
+        one(a, Claim(gpus=5, colocate=DomainKind.NVLINK), "z")
 
 
 def test_colocate_keeps_the_set_in_one_domain() -> None:
     a = Allocator(machine("synthetic-72"))
-    for kind in ("nvlink", "pcie", "numa"):
+    for kind in (DomainKind.NVLINK, DomainKind.PCIE, DomainKind.NUMA):
         for i in range(3):
-            p = one(a, Claim(gpus=2, colocate=kind), f"{kind}{i}")
+            p = one(a, Claim(gpus=2, colocate=kind), f"{kind.value}{i}")
             assert p.domain is not None and set(p.gpus) <= p.domain
-            assert p.domain in load_machine("synthetic-72").domains(DomainKind(kind))
+            assert p.domain in load_machine("synthetic-72").domains(kind)
 
 
 def test_exclusive_domain_keeps_everyone_else_out() -> None:
     m = machine("dgx-h100")
     a = Allocator(m)
-    p = one(a, Claim(gpus=1, exclusive="numa"), "alone")
+    p = one(a, Claim(gpus=1, exclusive=DomainKind.NUMA), "alone")
     assert p.exclusive_domain == m.domain_of(DomainKind.NUMA, p.gpus[0])
     others = a.allocate(Claim(gpus=1), ["b", "c", "d", "e"], "ada")
     assert not {q.gpus[0] for q in others} & p.exclusive_domain
@@ -220,7 +220,7 @@ def test_exclusive_domain_keeps_everyone_else_out() -> None:
         one(a, Claim(memory_mib=1024), "f")
     a.release("b")
     with pytest.raises(DoesNotFitNow, match="every NUMA node has a group in it"):
-        one(a, Claim(gpus=1, exclusive="numa"), "g")
+        one(a, Claim(gpus=1, exclusive=DomainKind.NUMA), "g")
     a.release("alone")
     assert len(a.allocate(Claim(gpus=1), ["h", "i", "j", "k", "l"], "ada")) == 5
 
@@ -228,7 +228,7 @@ def test_exclusive_domain_keeps_everyone_else_out() -> None:
 def test_exclusive_needs_an_unused_domain() -> None:
     a = Allocator(machine("dgx-h100"))
     one(a, Claim(memory_mib=1024, gpu_ids=(0,)), "s")
-    p = one(a, Claim(gpus=2, exclusive="numa"), "x")
+    p = one(a, Claim(gpus=2, exclusive=DomainKind.NUMA), "x")
     assert p.exclusive_domain == frozenset({4, 5, 6, 7})
 
 
@@ -239,9 +239,9 @@ def test_affinity_and_anti_affinity() -> None:
     change(a, "db", users=frozenset({"db"}))
     near = one(a, Claim(memory_mib=1024, affinity=(AffinityTerm("db"),)), "cache")
     assert near.gpus == (5,)
-    numa = one(a, Claim(gpus=2, affinity=(AffinityTerm("db", "numa"),)), "etl")
+    numa = one(a, Claim(gpus=2, affinity=(AffinityTerm("db", Level.NUMA),)), "etl")
     assert set(numa.gpus) <= {4, 5, 6, 7}
-    far = one(a, Claim(gpus=1, anti_affinity=(AffinityTerm("db", "numa"),)), "web")
+    far = one(a, Claim(gpus=1, anti_affinity=(AffinityTerm("db", Level.NUMA),)), "web")
     assert far.gpus[0] in {0, 1, 2, 3}
     away = one(a, Claim(memory_mib=1024, anti_affinity=(AffinityTerm("db"),)), "other")
     assert away.gpus != (5,)
@@ -342,9 +342,9 @@ def test_group_ids_must_be_new_and_unique() -> None:
 def test_following_holdings_rebuilds_the_same_state() -> None:
     m = machine("synthetic-72")
     a = Allocator(m)
-    a.allocate(Claim(gpus=4, colocate="nvlink"), ["a", "b"], "ada")
+    a.allocate(Claim(gpus=4, colocate=DomainKind.NVLINK), ["a", "b"], "ada")
     a.allocate(Claim(memory_mib=4096), ["c", "d", "e"], "bob", reserved=True)
-    a.allocate(Claim(gpus=1, exclusive="pcie"), ["f"], "cy")
+    a.allocate(Claim(gpus=1, exclusive=DomainKind.PCIE), ["f"], "cy")
     change(a, "a", users=frozenset({"web", "shadow"}))
     b = Allocator(m)
     follow(b, a.holdings())
@@ -373,7 +373,7 @@ def test_same_inputs_same_answers() -> None:
         a = Allocator(machine("synthetic-72"))
         out = []
         for i, claim in enumerate([Claim(gpus=3), Claim(memory_mib=5000), Claim(gpus=8),
-                                   Claim(gpus=2, strategy="spread"), Claim(compute_pct=50, distinct=True)]):
+                                   Claim(gpus=2, strategy=Strategy.SPREAD), Claim(compute_pct=50, distinct=True)]):
             out.append(a.allocate(claim, [f"g{i}", f"h{i}"], "ada"))
         return out
 
@@ -387,10 +387,6 @@ def test_errors_are_placement_errors() -> None:
 
 
 def test_a_claim_without_strategy_takes_the_configured_default() -> None:
-    from computegroups.daemon.placement.allocator import Allocator
-    from computegroups.daemon.model.claims import AllocatorConfig, Claim, Strategy
-    from computegroups.topology import load_machine
-
     machine = load_machine("workstation-4x-pcie")
     shares = [Claim(memory_mib=10240) for _ in range(3)]
     spread = Allocator(machine, AllocatorConfig(default_strategy=Strategy.SPREAD))

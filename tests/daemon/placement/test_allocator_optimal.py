@@ -14,11 +14,11 @@ from itertools import combinations
 
 import pytest
 
-from computegroups.daemon.placement.allocator import Allocator, PlacementError
 from computegroups.daemon.model.claims import Claim, Strategy
-from tests.daemon.placement.allocator_machines import islands, nvswitch, random_machine
+from computegroups.daemon.placement.allocator import Allocator, PlacementError
 from computegroups.topology import load_machine, simulated_machine_names
 from computegroups.topology.model import DomainKind, Machine
+from tests.daemon.placement.allocator_machines import islands, nvswitch, random_machine
 
 CLOSENESS = {"INT": 5, "PIX": 4, "PXB": 3, "PHB": 2, "NODE": 1, "SYS": 0}
 SMALL = [n for n in simulated_machine_names() if 0 < len(load_machine(n).gpus) <= 16]
@@ -58,11 +58,15 @@ def reference(a: Allocator, claim: Claim) -> tuple[int, ...] | None:
     def fit(g: int) -> int:
         return sum(per[d] for d in doms if g in d)
 
-    def key(s: tuple[int, ...], zone: frozenset[int] | None):
+    def closeness(x: int, y: int) -> int:
+        pcie = m.link(x, y).pcie
+        return CLOSENESS.get(pcie.label, 0) if pcie else 0
+
+    def key(s: tuple[int, ...], zone: frozenset[int] | None) -> tuple[int, int, int, int, list[int]]:
         pairs = list(combinations(s, 2))
         area = zone if zone is not None else frozenset(s)
         return (sum(m.nvlinks(x, y) for x, y in pairs),
-                sum(CLOSENESS.get(m.link(x, y).pcie.label if m.link(x, y).pcie else "", 0) for x, y in pairs),
+                sum(closeness(x, y) for x, y in pairs),
                 -sum(fresh[d] for d in doms if d & area), -sum(fit(g) for g in area), [-g for g in s])
 
     zones: list[tuple[frozenset[int], frozenset[int] | None]] = [(frozenset(free), None)]

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from computegroups.daemon.placement.allocator import Allocator, Placement, PlacementError
 from computegroups.daemon.model.claims import AffinityTerm, Claim, Strategy
-from tests.daemon.placement.allocator_machines import a100_mig, change, follow, random_machine
+from computegroups.daemon.placement.allocator import Allocator, Placement, PlacementError
 from computegroups.topology import load_machine, simulated_machine_names
 from computegroups.topology.model import DomainKind, Machine
+from tests.daemon.placement.allocator_machines import a100_mig, change, follow, random_machine
 
 COMPONENTS = ("web", "db", "etl")
 KINDS = [DomainKind.NVLINK, DomainKind.PCIE, DomainKind.NUMA]
@@ -204,7 +204,7 @@ def test_following_the_same_holdings_gives_the_same_allocator(m: Machine, ops: l
     b.set_foreign({g.gpu: g.memory_foreign_mib for g in a.free_summary()})
     follow(b, a.holdings())
     assert b.holdings() == a.holdings() and b.free_summary() == a.free_summary()
-    answers = []
+    answers: list[object] = []
     for allocator in (a, b):
         try:
             answers.append(allocator.allocate(claim, ["after"], "owner"))

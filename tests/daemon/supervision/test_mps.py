@@ -46,7 +46,7 @@ def test_missing_binary_says_what_to_do(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("PATH", str(tmp_path))
     control = MpsControl(tmp_path / "pipe", tmp_path / "log")
     assert not control.available()
-    with pytest.raises(MpsError, match="nvidia-cuda-mps-control is not on PATH.*shares.mps = false"):
+    with pytest.raises(MpsError, match=r"nvidia-cuda-mps-control is not on PATH.*shares\.mps = false"):
         control.start()
     assert not (tmp_path / "pipe").exists()
 

@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from computegroups.daemon.supervision import worklogs
-from computegroups.daemon.supervision.worklogs import log_paths, prepare_log_file, read_from, read_log, read_tail, rotate, rotate_all
+from computegroups.daemon.supervision.worklogs import (
+    log_paths,
+    prepare_log_file,
+    read_from,
+    read_log,
+    read_tail,
+    rotate,
+    rotate_all,
+)
 
 
 def test_paths_are_per_replica_and_names_are_checked(tmp_path: Path) -> None:
