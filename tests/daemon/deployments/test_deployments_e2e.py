@@ -14,11 +14,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from tests.daemon_fixture import Cgd
+from tests.daemon_fixture import Cgd, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +47,8 @@ def expected_uses(sizes: Sizes) -> dict[str, list[str]]:
         for j in range(sga):
             common = [f"rs-{i}-set-slot", f"rs-{i}-sga-{j}-rank", f"rs-{i}-sga-all-kv", "rs-all-set-pool",
                       "rs-all-sga-pool"]
-            uses[f"rs-{i}-sga-{j}-worker-b/0"] = sorted(common + [f"rs-{i}-sga-all-b-cache",
-                                                                  f"rs-{i}-sga-{j}-worker-b-all-b-common"])
+            uses[f"rs-{i}-sga-{j}-worker-b/0"] = sorted([*common, f"rs-{i}-sga-all-b-cache",
+                                                               f"rs-{i}-sga-{j}-worker-b-all-b-common"])
             uses[f"rs-{i}-sga-{j}-worker-c/0"] = sorted(common)
     return uses
 
@@ -198,9 +199,10 @@ def test_names_taken_outside_the_deployment_are_refused_and_its_components_are_i
     data["name"] = "other"
     status, reply = cgd.request("POST", "/v1/deployments", {"spec": data, "source": "/srv/other.toml"})
     assert status == 200 and reply["groups"][0]["id"] == "other-0-w-0-x", reply
-    for method, path, body in (("DELETE", "/v1/components/other-0-w", None),
-                               ("POST", "/v1/components/other-0-w/scale", {"replicas": 2})):
-        status, reply = cgd.request(method, path, body)
+    refused: tuple[tuple[str, str, dict[str, int] | None], ...] = (
+        ("DELETE", "/v1/components/other-0-w", None), ("POST", "/v1/components/other-0-w/scale", {"replicas": 2}))
+    for method, path, payload in refused:
+        status, reply = cgd.request(method, path, payload)
         assert status == 400 and "belongs to deployment 'other'" in reply["error"]["message"], reply
     status, reply = cgd.request("POST", "/v1/deployments/other/scale", {"target": "nope", "replicas": 2})
     assert status == 404, reply
@@ -212,8 +214,8 @@ def test_names_taken_outside_the_deployment_are_refused_and_its_components_are_i
 def test_a_deployment_whose_workers_stop_slowly_does_not_stall_others(cgd: Cgd) -> None:
     import threading
 
-    stubborn = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
-                "while True: time.sleep(0.05)\n")
+    stubborn = ("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: print('term', flush=True))\n"
+                "print('ready', flush=True)\nwhile True: time.sleep(0.05)\n")
     data = {"name": "slow", "claims": [{"name": "x", "memory": "1GiB"}],
             "components": [{"name": "w", "command": [sys.executable, "-c", stubborn], "stop_timeout_s": 3,
                             "sharing": [{"claim": "x", "scope": "per-replica"}]}]}
@@ -224,11 +226,12 @@ def test_a_deployment_whose_workers_stop_slowly_does_not_stall_others(cgd: Cgd) 
     while not (log.exists() and "ready" in log.read_text()):
         assert time.monotonic() < deadline, cgd.log()
         time.sleep(0.05)
-    deleted: list = []
+    deleted: list[tuple[int, Any]] = []
     began = time.monotonic()
     deleter = threading.Thread(target=lambda: deleted.append(cgd.request("DELETE", "/v1/deployments/slow")))
     deleter.start()
-    time.sleep(0.5)
+    # The delete is under way once the worker was told to stop (it ignores that).
+    wait_for(lambda: "term" in log.read_text(), "the deletion signals the worker")
     status, reply = cgd.request("POST", "/v1/components", {"name": "other", "claim": {"gpus": 1}})
     assert status == 201, reply
     status, reply = cgd.request("POST", "/v1/deployments/slow/scale", {"target": None, "replicas": 2})

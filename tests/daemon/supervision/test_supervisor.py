@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from computegroups.daemon.supervision import supervisor
-from computegroups.daemon.supervision import processes
+from computegroups.daemon.supervision import processes, supervisor
 from computegroups.daemon.supervision.supervisor import RestartPolicy, Supervisor, WorkerExit, WorkerSpec, WorkerStart
+from tests.daemon_fixture import wait_for
 
 SLEEPER = "import time\nwhile True: time.sleep(0.05)\n"
 GRACEFUL = textwrap.dedent("""
@@ -332,8 +332,7 @@ def test_restart_backs_off_then_gives_up(tmp_path: Path) -> None:
     async def body(sup: Supervisor, rec: Recorder) -> None:
         await sup.start_worker(spec)
         await rec.wait_exits(4)
-        await asyncio.sleep(0.3)
-        assert sup.keys() == []
+        await until(lambda: sup.keys() == [])
 
     rec = run_with(tmp_path, body)
     exits = [e for _, e in rec.exits]
@@ -371,7 +370,8 @@ def test_exit_is_reported_within_milliseconds(tmp_path: Path) -> None:
         await sup.start_worker(spec)
         await rec.wait_exits(1)
         victim = await sup.start_worker(spec_for(tmp_path, "fast.1", SLEEPER))
-        await asyncio.sleep(0.1)
+        # Killed once it runs its own program, not while the launch shim sets it up.
+        await until(lambda: SLEEPER.encode() in Path(f"/proc/{victim.pid}/cmdline").read_bytes())
         killed_at.append(time.time())
         os.kill(victim.pid, signal.SIGKILL)
         await rec.wait_exits(2)
@@ -414,8 +414,7 @@ def test_kept_workers_keep_logging_and_are_adopted_by_the_next_supervisor(tmp_pa
     try:
         assert not gone(worker.pid)
         size = Path(spec.stdout_path).stat().st_size
-        time.sleep(0.2)
-        assert Path(spec.stdout_path).stat().st_size > size
+        wait_for(lambda: Path(spec.stdout_path).stat().st_size > size, "the kept worker logs on")
 
         async def second(sup: Supervisor, rec: Recorder) -> None:
             assert not sup.adopt(spec, worker.pid, worker.create_time + 100)
