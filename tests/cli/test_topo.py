@@ -111,7 +111,7 @@ def test_bad_machine_file_names_file_and_field(tmp_path: Path) -> None:
                    '[gpus.3]\nmemory_mib = "big"\n')
     result = cgctl("--simulate", str(box), "topo")
     assert result.exit_code == 1
-    assert result.stderr == f"cgctl: error: {box}: gpus[3].memory_mib: expected an integer\n"
+    assert result.stderr == f"cgctl: error: {box}: gpus[3].memory_mib: expected an integer, got 'big'\n"
 
 
 @pytest.mark.skipif(nvml_present(), reason="this box has an NVIDIA driver")
