@@ -326,13 +326,20 @@ def test_a_reservation_cannot_be_taken_through_sharing(cgd: Cgd) -> None:
 
 
 # A worker that ignores SIGTERM: stopping it takes its whole grace period.
-STUBBORN = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
-            "while True: time.sleep(0.05)\n")
+STUBBORN = ("import signal, time\nsignal.signal(signal.SIGTERM, lambda *_: print('term', flush=True))\n"
+            "print('ready', flush=True)\nwhile True: time.sleep(0.05)\n")
+"""A worker that outlives SIGTERM (it only notes it), so stopping it takes its whole stop timeout."""
 
 
 def wait_ready(cgd: Cgd, name: str, replica: int = 0) -> None:
     log = cgd.log_dir / name / f"{replica}.out"
     wait_for(lambda: log.exists() and "ready" in log.read_text())
+
+
+def wait_told_to_stop(cgd: Cgd, name: str, replica: int) -> None:
+    """Until a STUBBORN replica got its SIGTERM: its stop is under way."""
+    log = cgd.log_dir / name / f"{replica}.out"
+    wait_for(lambda: "term" in log.read_text())
 
 
 def test_a_slow_stop_does_not_stall_other_requests(cgd: Cgd) -> None:
@@ -374,7 +381,7 @@ def test_a_slow_scale_in_does_not_stall_other_requests(cgd: Cgd) -> None:
         cgd.request("POST", "/v1/components/wide/scale", {"replicas": 1})))
     began = time.monotonic()
     scaler.start()
-    time.sleep(0.5)
+    wait_told_to_stop(cgd, "wide", 1)
     allocate(cgd, {"name": "other", "claim": {"gpus": 1}})
     status, reply = cgd.request("POST", "/v1/components/wide/scale", {"replicas": 2})
     assert status == 409 and "being scaled in" in reply["error"]["message"], reply
@@ -486,7 +493,7 @@ def test_a_sharer_cannot_grow_onto_groups_being_scaled_in(cgd: Cgd) -> None:
     scaler = threading.Thread(target=lambda: scaled.append(
         cgd.request("POST", "/v1/components/pp/scale", {"replicas": 1})))
     scaler.start()
-    time.sleep(0.5)
+    wait_told_to_stop(cgd, "pp", 1)
     for method, path, body in (("POST", "/v1/components/xx/scale", {"replicas": 2}),
                                ("POST", "/v1/components", {"name": "yy", "share_with": "xx"})):
         status, reply = cgd.request(method, path, body)
@@ -587,5 +594,6 @@ def test_a_state_that_gives_one_gpu_to_two_groups_is_refused_at_start(start_cgd)
     (cgd.state_dir / "state.json").write_text(json.dumps(data, indent=2))
     again = subprocess.run(cgd.command(), env=cgd.env(), capture_output=True, text=True, timeout=30)
     assert again.returncode == 3
-    assert "GPU 3 is held whole by group one-0 and also by group two-0" in again.stderr
-    assert again.stderr.startswith("cgd: error: the state (generation")
+    error = again.stderr.splitlines()[-1]
+    assert error.startswith("cgd: error: the state (generation"), again.stderr
+    assert "GPU 3 is held whole by group one-0 and also by group two-0" in error
