@@ -14,10 +14,10 @@ import signal
 import subprocess
 import threading
 import time
-from msgspec.structs import replace
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from tests.daemon_fixture import Cgd, wait_for
 from tests.reliability.chaos import WORKER, Client, Monkey, Outcome

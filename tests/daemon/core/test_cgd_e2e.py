@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
 import pytest
@@ -158,14 +158,18 @@ def test_second_daemon_on_same_state_is_refused(start_cgd, cgd: Cgd) -> None:
         env=cgd.env(), capture_output=True, text=True, timeout=30,
     )
     assert second.returncode != 0
-    assert f"cgd already runs as pid {cgd.proc.pid} for {cgd.state_dir}" in second.stderr
+    assert f"cgd already runs as pid {cgd.pid} for {cgd.state_dir}" in second.stderr
 
 
 def test_kill9_adopts_workers_without_restart(start_cgd) -> None:
     cgd = start_cgd("dgx-h100")
     allocate(cgd, {"name": "svc", "claim": {"gpus": 2}, "replicas": 2, "command": worker_cmd()})
-    pids = wait_for(lambda: [r["pids"][0] for r in cgd.request("GET", "/v1/components/svc")[1]["replicas"]
-                             if r["pids"]] if all(r["pids"] for r in cgd.request("GET", "/v1/components/svc")[1]["replicas"]) else None)
+
+    def replica_pids() -> list[int] | None:
+        replicas = cgd.request("GET", "/v1/components/svc")[1]["replicas"]
+        return [r["pids"][0] for r in replicas] if all(r["pids"] for r in replicas) else None
+
+    pids = wait_for(replica_pids)
     cgd.kill9()
     for pid in pids:
         assert psutil.pid_exists(pid), "workers survive the daemon's SIGKILL"
@@ -218,7 +222,8 @@ def test_shadow_promotion(cgd: Cgd) -> None:
     new_shadow = wait_for(lambda: [p for p in cgd.request("GET", "/v1/components/web")[1]["replicas"][0]["pids"]
                                    if p != primary])[0]
     assert proc_env(new_shadow)["CG_ROLE"] == "shadow"
-    out = wait_for(lambda: [p for p in cgd.log_dir.rglob("*") if p.is_file() and "promoted to primary" in p.read_text()])
+    out = wait_for(lambda: [p for p in cgd.log_dir.rglob("*")
+                            if p.is_file() and "promoted to primary" in p.read_text()])
     assert out
 
 
@@ -250,23 +255,34 @@ def test_injected_gpu_fault_drains_and_degrades(start_cgd, tmp_path: Path) -> No
     assert state_file(cgd)["groups"]["victim-0"]["state"] == "allocated"
 
 
+LEASE_CLIENT = """\
+import json, sys, time
+sys.path.insert(0, {root!r})
+from tests.daemon_fixture import UnixHTTPConnection
+for body in {bodies!r}:
+    c = UnixHTTPConnection({socket!r})
+    c.request('POST', '/v1/components', body=json.dumps(body), headers={{'Content-Type': 'application/json'}})
+    print(c.getresponse().status, flush=True)
+time.sleep(60)
+"""
+
+
+def lease_client(cgd: Cgd, bodies: list[dict[str, Any]]) -> tuple[subprocess.Popen[str], IO[str]]:
+    """A client process that asks for `bodies` (leases) and stays, holding
+    its connections, until killed; and its output, one status per body."""
+    code = LEASE_CLIENT.format(root=str(Path(__file__).parents[3]), bodies=bodies, socket=str(cgd.socket))
+    client = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert client.stdout is not None
+    return client, client.stdout
+
+
 def test_lease_released_when_client_dies(cgd: Cgd) -> None:
-    client = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, json; sys.path.insert(0, %r)\n"
-         "from tests.daemon_fixture import UnixHTTPConnection\n"
-         "c = UnixHTTPConnection(%r)\n"
-         "c.request('POST', '/v1/components', body=json.dumps({'name': 'leased', 'claim': {'gpus': 1}, 'lease': True}),"
-         " headers={'Content-Type': 'application/json'})\n"
-         "print(c.getresponse().status, flush=True)\n"
-         "import time; time.sleep(60)\n" % (str(Path(__file__).parents[3]), str(cgd.socket))],
-        stdout=subprocess.PIPE, text=True,
-    )
-    assert client.stdout.readline().strip() == "201"
+    client, answers = lease_client(cgd, [{"name": "leased", "claim": {"gpus": 1}, "lease": True}])
+    assert answers.readline().strip() == "201"
     assert cgd.request("GET", "/v1/components/leased")[0] == 200
     client.kill()
     client.wait()
-    client.stdout.close()
+    answers.close()
     wait_for(lambda: cgd.request("GET", "/v1/components/leased")[0] == 404, timeout=15)
 
 
@@ -510,22 +526,12 @@ def test_an_expired_lease_does_not_release_a_new_component_of_its_name(start_cgd
     bodies = [{"name": "aaa", "claim": {"gpus": 1}, "lease": True, "command": [sys.executable, "-c", STUBBORN],
                "stop_timeout_s": 3},
               {"name": "bbb", "claim": {"gpus": 1}, "lease": True}]
-    client = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, json; sys.path.insert(0, %r)\n"
-         "from tests.daemon_fixture import UnixHTTPConnection\n"
-         "for body in %r:\n"
-         "    c = UnixHTTPConnection(%r)\n"
-         "    c.request('POST', '/v1/components', body=json.dumps(body), headers={'Content-Type': 'application/json'})\n"
-         "    print(c.getresponse().status, flush=True)\n"
-         "import time; time.sleep(60)\n" % (str(Path(__file__).parents[3]), bodies, str(cgd.socket))],
-        stdout=subprocess.PIPE, text=True,
-    )
-    assert [client.stdout.readline().strip() for _ in bodies] == ["201", "201"]
+    client, answers = lease_client(cgd, bodies)
+    assert [answers.readline().strip() for _ in bodies] == ["201", "201"]
     wait_ready(cgd, "aaa")
     client.kill()
     client.wait()
-    client.stdout.close()
+    answers.close()
     wait_for(lambda: state_file(cgd)["components"].get("aaa", {}).get("state") == "releasing")
     assert cgd.request("DELETE", "/v1/components/bbb")[0] == 200
     allocate(cgd, {"name": "bbb", "claim": {"gpus": 1}})
