@@ -201,9 +201,10 @@ def cgctl_for(user: User, scratch: Path) -> list[str]:
     """A cgctl command line `user` can run.
 
     The installed one, where this Python is reachable by the user. Otherwise
-    (a Python under a 0700 /root) a copy: cgctl needs only click and this
-    project's own pure-Python packages, put in a world-readable directory
-    and run by a system Python of the same version.
+    (a Python under a 0700 /root) a copy: cgctl needs only click, msgspec
+    (the model of a claim) and this project's own packages, put in a
+    world-readable directory and run by a system Python of the same version
+    (msgspec's extension module is built for it).
     """
     def runs(argv: list[str], env: dict[str, str] | None = None) -> bool:
         try:
@@ -216,13 +217,17 @@ def cgctl_for(user: User, scratch: Path) -> list[str]:
     if runs([sys.executable, "-c", "import click"]):
         return [_executable("cgctl")]
     import click
+    import msgspec
 
     root = Path(__file__).parents[2]
     tree = scratch / "cgctl"
     shutil.copytree(root / "daemon" / "root", tree / "computegroups", ignore=shutil.ignore_patterns("__pycache__"))
     for package in ("cli", "daemon", "topology", "statefiles"):
         shutil.copytree(root / package, tree / "computegroups" / package, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(Path(click.__file__).parent, tree / "click", ignore=shutil.ignore_patterns("__pycache__"))
+    for library in (click, msgspec):
+        assert library.__file__ is not None, library
+        shutil.copytree(Path(library.__file__).parent, tree / library.__name__,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     for path in (scratch, *tree.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
