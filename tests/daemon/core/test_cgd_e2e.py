@@ -444,7 +444,7 @@ def test_a_failed_replica_comes_back_with_restart(cgd: Cgd, tmp_path: Path) -> N
     assert proc_env(pid)["CG_COMPONENT"] == "flaky"
     assert state_file(cgd)["components"]["flaky"]["state"] == "running"
     status, reply = cgd.request("POST", "/v1/components/flaky/restart", {"replica": "0"})
-    assert status == 400 and reply["error"]["message"] == "replica: expected an integer", reply
+    assert status == 400 and reply["error"]["message"] == "replica: expected an integer, got '0'", reply
     status, reply = cgd.request("POST", "/v1/components/flaky/restart", {"replica": 0})
     assert status == 200 and reply["replicas"][0]["pids"] != [pid], reply
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
