@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Hashable, Sequence
-from enum import Enum
 from typing import Annotated, Any, TypeVar
 
 import msgspec
+
+from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
 
 SCHEMA_VERSION = 1
 """The version this code writes. Older files are migrated on load (see `migrations.py`)."""
@@ -34,48 +35,6 @@ SCHEMA_VERSION = 1
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Pid = Annotated[int, msgspec.Meta(ge=1)]
 Percent = Annotated[int, msgspec.Meta(ge=0, le=100)]
-
-
-class _StrEnum(str, Enum):
-    """Compares, hashes, prints and encodes as its value, so `state == "lost"` and f-strings keep working.
-
-    (`enum.StrEnum` does this from Python 3.11; the package still runs on 3.10.)
-    """
-
-    def __str__(self) -> str:
-        return str.__str__(self)
-
-
-class GroupState(_StrEnum):
-    RESERVED = "reserved"
-    ALLOCATED = "allocated"
-    DRAINING = "draining"
-    DEGRADED = "degraded"
-    LOST = "lost"
-
-
-class ComponentState(_StrEnum):
-    ALLOCATED = "allocated"
-    """Holds its groups and runs nothing (no command)."""
-    RUNNING = "running"
-    DEGRADED = "degraded"
-    """One of its groups is on a GPU that became unhealthy."""
-    FAILED = "failed"
-    """A replica ran out of restarts."""
-    LOST = "lost"
-    """Its groups' GPUs left the machine."""
-    RELEASING = "releasing"
-    """Its workers are being stopped; the record goes once they have."""
-
-
-class Scope(_StrEnum):
-    ALL_REPLICAS = "all-replicas"
-    PER_REPLICA = "per-replica"
-
-
-class Role(_StrEnum):
-    PRIMARY = "primary"
-    SHADOW = "shadow"
 
 
 class RuleBroken(ValueError):

@@ -1,1 +1,4 @@
-"""Transport only: the HTTP listener on the Unix socket and its routes; bodies are decoded into the model here and nothing is decided."""
+"""Transport only: the HTTP listener on the Unix socket and its routes.
+
+Bodies are decoded into the model here, and nothing is decided.
+"""

@@ -12,13 +12,10 @@ import asyncio
 import logging
 import os
 import time
-from msgspec.structs import replace
 from typing import Any
 
-from computegroups.daemon.model.claims import Claim
-from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, NotFound
-from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
-from computegroups.daemon.supervision.supervisor import Supervisor, WorkerExit, WorkerStart
+from msgspec.structs import replace
+
 from computegroups.daemon.core.transactions import (
     Caller,
     StateKeeper,
@@ -35,7 +32,6 @@ from computegroups.daemon.core.transactions import (
     scale_component,
 )
 from computegroups.daemon.core.views import component_view, group_view, reservation_view
-from computegroups.daemon.supervision.workerenv import owner_env
 from computegroups.daemon.core.workers import (
     WorkerPaths,
     build_env,
@@ -47,8 +43,13 @@ from computegroups.daemon.core.workers import (
     watcher_key,
     write_role,
 )
+from computegroups.daemon.model.claims import Claim
+from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, NotFound
+from computegroups.daemon.model.refs import ReplicaRef, component_of
+from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.supervision.supervisor import Supervisor, WorkerExit, WorkerStart
+from computegroups.daemon.supervision.workerenv import owner_env
 from computegroups.statefiles.schema import StateDoc
-from computegroups.daemon.model.refs import component_of, ReplicaRef
 
 log = logging.getLogger("cgd.manager")
 
@@ -228,7 +229,7 @@ class Manager:
             keys.append((ref, key, w))
 
         async def stop(ref: str, key: str, w) -> None:
-            if self.supervisor.is_running(key) or key in self.supervisor.keys():
+            if self.supervisor.is_running(key) or self.supervisor.supervises(key):
                 await self.supervisor.stop_worker(key)
             elif w.pid and w.create_time:
                 await self.supervisor.stop_stray(w.pid, w.create_time, 10.0)
@@ -553,7 +554,8 @@ class Manager:
                     for name, comp in list(doc.components.items()):
                         mine = [g for g in doc.groups.values() if any(component_of(u) == name for u in g.users)]
                         if comp.state == "degraded" and not any(g.state == "degraded" for g in mine):
-                            doc.components[name] = replace(comp, state="running" if comp.spec.get("command") else "allocated")
+                            state = "running" if comp.spec.get("command") else "allocated"
+                            doc.components[name] = replace(comp, state=state)
             return {"gpu": index, "drained": drain, "groups": sorted(g.id for g in groups)}
 
     # -- health, leases, expiry -------------------------------------------------

@@ -21,9 +21,9 @@ from msgspec.structs import replace
 from computegroups.daemon.core.manager import Manager, swap_roles
 from computegroups.daemon.core.transactions import remove_component
 from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
+from computegroups.daemon.model.refs import component_of
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
 from computegroups.statefiles.store import mark_lost
-from computegroups.daemon.model.refs import component_of
 
 log = logging.getLogger("cgd.recovery")
 

@@ -19,14 +19,21 @@ from dataclasses import dataclass
 import msgspec
 from msgspec.structs import replace
 
-from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
-from computegroups.daemon.model.claims import Claim
-from computegroups.daemon.model.config import DaemonConfig
-from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, InsufficientCapacity, NotFound, Unsatisfiable
-from computegroups.daemon.model.refs import component_of
-from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
 from computegroups.daemon.core.consistency import check_consistent
 from computegroups.daemon.core.workers import replica_groups, replica_ref
+from computegroups.daemon.model.claims import Claim
+from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.model.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InsufficientCapacity,
+    NotFound,
+    Unsatisfiable,
+)
+from computegroups.daemon.model.refs import component_of
+from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
 from computegroups.statefiles.schema import (
     ComponentRecord,
     DeviceRecord,

@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from computegroups.daemon.core.workers import replica_groups, replica_ref, visible_devices
+from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.supervision.workerenv import cuda_visible_devices
 from computegroups.statefiles.schema import ComponentRecord, GroupRecord, ReservationRecord, StateDoc
 from computegroups.topology.model import Machine
-from computegroups.daemon.model.refs import component_of
 
 
 def owner_view(uid: int, gid: int) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from computegroups.daemon.model.config import DaemonConfig
-from computegroups.daemon.paths import RUNTIME_MODE, own_dir
 from computegroups.daemon.model.refs import ReplicaRef
 from computegroups.daemon.model.requests import ComponentRequest
+from computegroups.daemon.paths import RUNTIME_MODE, own_dir
 from computegroups.daemon.supervision.supervisor import RestartPolicy, WorkerSpec
 from computegroups.daemon.supervision.workerenv import (
     MpsSettings,

@@ -31,15 +31,6 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from computegroups.daemon.deployments.plan import InstancePlan, Plan, expand
-from computegroups.daemon.model.deployment import (
-    DeploymentError,
-    DeploymentSpec,
-    check_immutable,
-    parse,
-)
-from computegroups.daemon.deployments.views import deployment_summary, deployment_tree
-from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
 from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.transactions import (
     Caller,
@@ -48,8 +39,17 @@ from computegroups.daemon.core.transactions import (
     drop_displaced,
     group_record,
 )
+from computegroups.daemon.deployments.plan import InstancePlan, Plan, expand
+from computegroups.daemon.deployments.views import deployment_summary, deployment_tree
+from computegroups.daemon.model.deployment import (
+    DeploymentError,
+    DeploymentSpec,
+    check_immutable,
+    parse,
+)
+from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
+from computegroups.daemon.model.refs import ReplicaRef, component_of
 from computegroups.statefiles.schema import ComponentRecord, DeploymentRecord, StateDoc, WorkerRecord
-from computegroups.daemon.model.refs import component_of, ReplicaRef
 
 log = logging.getLogger("cgd.deployments")
 

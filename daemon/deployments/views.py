@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from computegroups.daemon.deployments.plan import InstancePlan, Plan
 from computegroups.daemon.core.views import component_view, device_view, owner_view
+from computegroups.daemon.deployments.plan import InstancePlan, Plan
 from computegroups.statefiles.schema import DeploymentRecord, StateDoc
 
 REPLICA_KEYS = ("index", "role", "state", "restarts", "promotions", "groups", "devices",
@@ -86,7 +86,7 @@ def deployment_tree(
     }
 
 
-def _owned(plan: Plan, doc: StateDoc, owner: str, replica: int | None | str = "any") -> list[str]:
+def _owned(plan: Plan, doc: StateDoc, owner: str, replica: int | str | None = "any") -> list[str]:
     """Ids of the groups an owner made: all of them, or those of one replica
     index (None: its all-replicas groups)."""
     return [gid for gid, g in plan.groups.items()

@@ -14,12 +14,13 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import msgspec
 from msgspec import Meta
 
+from computegroups.daemon.model.enums import StrEnum
 from computegroups.daemon.model.decoding import (
     PATTERN_PROBLEMS,
     ModelError,

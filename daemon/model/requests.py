@@ -14,13 +14,13 @@ lease and the name live on the record); `ComponentRequest.to_spec` and
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
 from computegroups.daemon.model.claims import NAME_PATTERN, NAME_RE, Claim, Name
+from computegroups.daemon.model.enums import Scope
 from computegroups.daemon.model.decoding import (
     PATTERN_PROBLEMS,
     ModelError,
@@ -49,13 +49,6 @@ Text = Annotated[str, Meta(pattern=_NO_NUL)]
 EnvName = Annotated[str, Meta(pattern=_ENV_NAME)]
 Replicas = Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]
 Seconds = Annotated[float, Meta(ge=0, le=3600)]
-
-
-class Scope(StrEnum):
-    """One compute group per replica of the owner, or one that every replica shares."""
-
-    PER_REPLICA = "per-replica"
-    ALL_REPLICAS = "all-replicas"
 
 
 SCOPES = tuple(s.value for s in Scope)

@@ -26,7 +26,10 @@ _PUBLIC = {
     "CgdError": "computegroups.daemon.client.errors",
 }
 
-__all__ = ["__version__", *sorted(_PUBLIC)]
+__all__ = [
+    "AsyncCgdClient", "CgdClient", "CgdError", "ComputeGroup", "ComputeGroupManager", "ComputeNode",
+    "__version__",
+]
 
 if TYPE_CHECKING:
     from computegroups.daemon.client.aio import AsyncCgdClient

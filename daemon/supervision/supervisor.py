@@ -267,6 +267,10 @@ class Supervisor:
         """Every supervised worker: running, adopted, or waiting to restart."""
         return list(self._workers)
 
+    def supervises(self, key: str) -> bool:
+        """Whether `key` is supervised at all: running, adopted, or waiting to restart."""
+        return key in self._workers
+
     def is_running(self, key: str) -> bool:
         worker = self._workers.get(key)
         return worker is not None and worker.run is not None and worker.run.handle.alive()
