@@ -27,6 +27,8 @@ if __package__ in (None, ""):
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 
+from computegroups.daemon.model.claims import Claim, Strategy
+from computegroups.daemon.model.requests import ComponentSpec
 from computegroups.statefiles import (
     ComponentRecord,
     ComponentState,
@@ -51,11 +53,10 @@ def build_doc(groups: int) -> StateDoc:
     doc = StateDoc(machine=MachineFingerprint(hostname="bench", gpu_uuids=tuple(_uuid(i) for i in range(GPUS))))
     for n in range(groups):
         name = f"comp-{n:04d}"
-        claim = {"memory_mib": 20000, "compute_pct": 25, "strategy": "binpack", "priority": 0}
+        claim = Claim(memory_mib=20000, compute_pct=25, strategy=Strategy.BINPACK)
         doc.components[name] = ComponentRecord(
             name=name, owner_uid=1000, owner_gid=1000, replicas=1, state=ComponentState.RUNNING, created=1.7e9 + n,
-            spec={"claim": claim, "replicas": 1, "scope": "per-replica", "command": ["python", "serve.py", str(n)],
-                  "env": {"MODEL": f"model-{n}"}, "restart": {"max_retries": 5, "backoff_s": 1.0}},
+            spec=ComponentSpec(claim=claim, command=("python", "serve.py", str(n)), env={"MODEL": f"model-{n}"}),
         )
         gpu = n % GPUS
         gid = f"{name}-0"

@@ -5,6 +5,7 @@ read them with `StateStore.load()`. The format and the guarantees are
 described in docs/state-files.md.
 """
 
+from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
 from computegroups.statefiles.errors import (
     StateCorruptError,
     StateError,
@@ -16,15 +17,11 @@ from computegroups.statefiles.paths import default_state_dir, resolve_state_dir
 from computegroups.statefiles.schema import (
     SCHEMA_VERSION,
     ComponentRecord,
-    ComponentState,
     DeploymentRecord,
     DeviceRecord,
     GroupRecord,
-    GroupState,
     MachineFingerprint,
     ReservationRecord,
-    Role,
-    Scope,
     StateDoc,
     WorkerRecord,
     worker_key,

@@ -83,3 +83,20 @@ def _drained_by_uuid(data: dict[str, Any]) -> dict[str, Any]:
             for name, record in components.items()
         }
     return data
+
+
+@migration(1)
+def _replicas_only_on_the_record(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 keeps a component's replica count on its record only.
+
+    Version 1 also kept the count asked at allocation inside the component's
+    `spec`, a second copy that every scale had to rewrite by hand; the
+    record's `replicas` was always the one the daemon acted on.
+    """
+    components = data.get("components")
+    if isinstance(components, dict):
+        for record in components.values():
+            spec = record.get("spec") if isinstance(record, dict) else None
+            if isinstance(spec, dict):
+                spec.pop("replicas", None)
+    return data

@@ -13,9 +13,9 @@ name, a pid only with its start time) are small functions called from
 with the steps below the record, and `validation.py` turns that into the
 usual `groups["g1"].users[1]: duplicate 'web'`.
 
-Fields typed `dict[str, Any]` (specs, claims) are opaque JSON objects that
-the manager validates itself; nothing here depends on that, so any of them
-can become a typed Struct.
+A component's, group's and reservation's own description (`spec`, `claim`)
+is the request model itself (`daemon/model`): decoded and checked once when
+the state is read, and used as it is everywhere after.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
+from computegroups.daemon.model.requests import ComponentSpec, ReservationSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version this code writes. Older files are migrated on load (see `migrations.py`)."""
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -73,7 +75,7 @@ class ComponentRecord(Record, kw_only=True):
     name: str
     owner_uid: NonNegative
     owner_gid: NonNegative
-    spec: dict[str, Any]
+    spec: ComponentSpec
     replicas: NonNegative
     state: ComponentState
     deployment: str | None = None
@@ -95,7 +97,7 @@ class DeviceRecord(Record, kw_only=True):
 
 class GroupRecord(Record, kw_only=True):
     id: str
-    claim: dict[str, Any]
+    claim: Claim
     devices: tuple[DeviceRecord, ...]
     state: GroupState
     owner: str
@@ -121,7 +123,7 @@ class ReservationRecord(Record, kw_only=True):
     owner_uid: NonNegative
     owner_gid: NonNegative
     group_ids: tuple[str, ...]
-    spec: dict[str, Any]
+    spec: ReservationSpec
     expires_at: float
     priority: int = 0
 
@@ -156,6 +158,10 @@ class DeploymentRecord(Record, kw_only=True):
     owner_uid: NonNegative
     owner_gid: NonNegative
     spec: dict[str, Any]
+    """The deployment file as applied and scaled, in its canonical JSON form (`DeploymentSpec.to_dict`).
+
+    Kept as the user's document, not re-encoded from the model: the file's
+    form tells a field left out from one given with its default value."""
     source: str | None = None
 
 

@@ -28,6 +28,7 @@ import filelock
 import msgspec
 import psutil
 
+from computegroups.daemon.model.enums import GroupState
 from computegroups.statefiles.errors import (
     StateCorruptError,
     StateError,
@@ -37,7 +38,7 @@ from computegroups.statefiles.errors import (
 )
 from computegroups.statefiles.fileformat import Decoded, decode, encode_body, seal
 from computegroups.statefiles.fileformat import validated as decode_validated
-from computegroups.statefiles.schema import GroupState, StateDoc
+from computegroups.statefiles.schema import StateDoc
 
 log = logging.getLogger(__name__)
 

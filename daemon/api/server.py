@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, cast, overload
 
 import msgspec
 import tornado.http1connection
@@ -168,7 +168,10 @@ class ApiHandler(tornado.web.RequestHandler):
 
     @property
     def caller(self) -> Caller:
-        return peer_credentials(self.request.connection.stream.socket)
+        connection = self.request.connection
+        if not isinstance(connection, tornado.http1connection.HTTP1Connection):
+            raise TypeError(f"cgd serves HTTP/1 on a Unix socket only, not over {type(connection).__name__}")
+        return peer_credentials(connection.stream.socket)
 
     def raw_body(self) -> bytes:
         """The body, within the limits and free of duplicate keys, not yet decoded."""
@@ -237,6 +240,12 @@ class ApiHandler(tornado.web.RequestHandler):
         codes = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": {"code": codes.get(status_code, "internal"), "message": message}}) + "\n")
+
+    @overload
+    def query_int(self, name: str) -> int | None: ...
+
+    @overload
+    def query_int(self, name: str, default: int) -> int: ...
 
     def query_int(self, name: str, default: int | None = None) -> int | None:
         raw = self.get_query_argument(name, None)
@@ -324,7 +333,7 @@ class EnvHandler(ApiHandler):
 class LogsHandler(ApiHandler):
     async def get(self, name: str) -> None:
         def logs() -> dict[str, Any]:
-            replica = self.query_int("replica", 0) or 0
+            replica = self.query_int("replica", 0)
             comp = self.app.manager.owned_component(self.caller, check_name(name), replica)
             stream = self.get_query_argument("stream", "stdout")
             if stream not in ("stdout", "stderr"):

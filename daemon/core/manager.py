@@ -44,6 +44,7 @@ from computegroups.daemon.core.workers import (
     write_role,
 )
 from computegroups.daemon.model.claims import Claim
+from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
 from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, NotFound
 from computegroups.daemon.model.refs import ReplicaRef, component_of
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
@@ -96,9 +97,9 @@ class Manager:
     def _task_done(self, task: asyncio.Task) -> None:
         """A failed exit or start handler is logged now, not when the task is collected (or never)."""
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            log.error("handling a worker event failed: %s", exc, exc_info=(type(exc), exc, exc.__traceback__))
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.error("handling a worker event failed: %s", exc, exc_info=exc)
 
     async def _record_start(self, event: WorkerStart) -> None:
         component, replica = parse_watcher_key(event.key)
@@ -138,7 +139,7 @@ class Manager:
                         restarts=w.restarts + (1 if event.will_restart else 0),
                     )
                 if not event.will_restart and ref in doc.workers and component in doc.components:
-                    doc.components[component] = replace(doc.components[component], state="failed")
+                    doc.components[component] = replace(doc.components[component], state=ComponentState.FAILED)
 
     def _failover(self, dead_ref: str) -> str | None:
         """Tell the dead primary's shadow it serves now, before waiting for the lock.
@@ -212,10 +213,10 @@ class Manager:
                 if ref in doc.workers:
                     doc.workers[ref] = replace(doc.workers[ref], pid=ev.pid, create_time=ev.create_time)
             for name in {doc.workers[ref].component for ref in started if ref in doc.workers}:
-                comp = doc.components.get(name)
-                if comp is not None and comp.state == "failed" and all(
+                failed = doc.components.get(name)
+                if failed is not None and failed.state == ComponentState.FAILED and all(
                         w.pid for w in doc.workers.values() if w.component == name):
-                    doc.components[name] = replace(comp, state="running")
+                    doc.components[name] = replace(failed, state=ComponentState.RUNNING)
 
     async def stop_workers(self, refs: list[str]) -> None:
         """Stop workers all at once: each may take its whole grace period."""
@@ -359,7 +360,7 @@ class Manager:
         if closure:
             with self.keeper.transaction() as doc:
                 for name in closure:
-                    doc.components[name] = replace(doc.components[name], state="releasing")
+                    doc.components[name] = replace(doc.components[name], state=ComponentState.RELEASING)
         self.mark_busy(closure, "being released")
         return closure, [ref for ref, w in self.doc.workers.items() if w.component in closure]
 
@@ -391,7 +392,7 @@ class Manager:
             shadows, _ = dependents(self.doc, name)
             members = (name, *shadows)
             self.check_idle(*members)
-            self.check_groups_idle(comp.spec.get("share_with"))
+            self.check_groups_idle(comp.spec.share_with)
             old = comp.replicas
             if replicas >= old:
                 before = self.doc
@@ -427,7 +428,7 @@ class Manager:
         async with self.keeper.lock:
             comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
-            if not comp.spec.get("command"):
+            if not comp.spec.command:
                 raise BadRequest(f"{name!r} runs no command: there is nothing to restart")
             if comp.state == "lost":
                 raise Conflict(f"component {name!r} is lost: its GPUs are gone; release it")
@@ -461,7 +462,7 @@ class Manager:
             self.replica_states[ref] = "failed"
         with self.keeper.transaction() as doc:
             if name in doc.components:
-                doc.components[name] = replace(doc.components[name], state="failed")
+                doc.components[name] = replace(doc.components[name], state=ComponentState.FAILED)
 
     async def reserve(self, caller: Caller, request: ReservationRequest) -> dict[str, Any]:
         async with self.keeper.lock:
@@ -489,8 +490,8 @@ class Manager:
                 drop_displaced(doc, (placement,))
                 doc.groups[gid] = group_record(
                     self.keeper.machine, placement, claim, owner=f"@{caller.uid}",
-                    owner_uid=caller.uid, owner_gid=caller.gid, users=(), scope="all-replicas",
-                    replica=None, state="allocated", created=self.keeper.clock(),
+                    owner_uid=caller.uid, owner_gid=caller.gid, users=(), scope=Scope.ALL_REPLICAS,
+                    replica=None, state=GroupState.ALLOCATED, created=self.keeper.clock(),
                 )
             return group_view(self.doc, self.doc.groups[gid])
 
@@ -513,7 +514,7 @@ class Manager:
             if g.state in ("draining", "degraded"):  # degraded: its GPU is drained already; keep saying why
                 return group_view(self.doc, g)
             with self.keeper.transaction() as doc:
-                doc.groups[gid] = replace(doc.groups[gid], state="draining")
+                doc.groups[gid] = replace(doc.groups[gid], state=GroupState.DRAINING)
             return group_view(self.doc, self.doc.groups[gid])
 
     async def undrain_group(self, caller: Caller, gid: str) -> dict[str, Any]:
@@ -526,7 +527,7 @@ class Manager:
             if g.state != "draining":
                 return group_view(self.doc, g)
             with self.keeper.transaction() as doc:
-                doc.groups[gid] = replace(doc.groups[gid], state="allocated")
+                doc.groups[gid] = replace(doc.groups[gid], state=GroupState.ALLOCATED)
             return group_view(self.doc, self.doc.groups[gid])
 
     async def drain_gpu(self, caller: Caller, index: int, drain: bool) -> dict[str, Any]:
@@ -547,14 +548,14 @@ class Manager:
                 for g in groups:
                     current = doc.groups[g.id]
                     if drain and current.state == "allocated":
-                        doc.groups[g.id] = replace(current, state="draining")
+                        doc.groups[g.id] = replace(current, state=GroupState.DRAINING)
                     elif not drain and current.state in ("draining", "degraded") and index not in self.keeper.unhealthy:
-                        doc.groups[g.id] = replace(current, state="allocated")
+                        doc.groups[g.id] = replace(current, state=GroupState.ALLOCATED)
                 if not drain:
                     for name, comp in list(doc.components.items()):
                         mine = [g for g in doc.groups.values() if any(component_of(u) == name for u in g.users)]
                         if comp.state == "degraded" and not any(g.state == "degraded" for g in mine):
-                            state = "running" if comp.spec.get("command") else "allocated"
+                            state = ComponentState.RUNNING if comp.spec.command else ComponentState.ALLOCATED
                             doc.components[name] = replace(comp, state=state)
             return {"gpu": index, "drained": drain, "groups": sorted(g.id for g in groups)}
 
@@ -591,17 +592,17 @@ class Manager:
                 with self.keeper.transaction() as doc:
                     doc.drained = tuple(sorted(set(doc.drained) | uuids))
                     for gid in hit:
-                        doc.groups[gid] = replace(doc.groups[gid], state="degraded")
+                        doc.groups[gid] = replace(doc.groups[gid], state=GroupState.DEGRADED)
                     for name in {component_of(u) for gid in hit for u in doc.groups[gid].users}:
                         if name in doc.components and doc.components[name].state != "releasing":
-                            doc.components[name] = replace(doc.components[name], state="degraded")
+                            doc.components[name] = replace(doc.components[name], state=ComponentState.DEGRADED)
         for i, f in facts.items():
             for over in f.over_share:
                 log.warning("worker %s uses %d MiB on GPU %d, over its share of %d MiB",
                             over["replica"], over["used_memory_mib"], i, over["share_mib"])
                 if self.config.share_enforcement == "stop":
                     over_ref = ReplicaRef.parse(over["replica"])
-                    key = watcher_key(over_ref.component, over_ref.index)
+                    key = watcher_key(over_ref.component, over_ref.replica)
                     if self.supervisor.is_running(key):
                         self._stopping.add(key)
                         try:
@@ -680,7 +681,7 @@ class Manager:
         if not 0 <= replica < comp.replicas:
             raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
         worker = self.doc.workers.get(replica_ref(name, replica))
-        role = worker.role if worker else ("shadow" if comp.shadow_of else "primary")
+        role = worker.role if worker else (Role.SHADOW if comp.shadow_of else Role.PRIMARY)
         return build_env(self.doc, comp, replica, role, self.paths, self.config)
 
     def owned_component(self, caller: Caller, name: str, replica: int):
@@ -705,8 +706,8 @@ class Manager:
 def swap_roles(doc: StateDoc, dead_ref: str, partner_ref: str, now: float) -> None:
     """Inside a transaction: the shadow is primary now, the dead primary will come back as its shadow."""
     p = doc.workers[partner_ref]
-    doc.workers[partner_ref] = replace(p, role="primary", promotions=p.promotions + 1, last_promoted_at=now)
-    doc.workers[dead_ref] = replace(doc.workers[dead_ref], role="shadow", pid=None, create_time=None)
+    doc.workers[partner_ref] = replace(p, role=Role.PRIMARY, promotions=p.promotions + 1, last_promoted_at=now)
+    doc.workers[dead_ref] = replace(doc.workers[dead_ref], role=Role.SHADOW, pid=None, create_time=None)
 
 
 def _alive(pid: int, start: float | None) -> bool:

@@ -21,6 +21,7 @@ from msgspec.structs import replace
 from computegroups.daemon.core.manager import Manager, swap_roles
 from computegroups.daemon.core.transactions import remove_component
 from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
+from computegroups.daemon.model.enums import ComponentState
 from computegroups.daemon.model.refs import component_of
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
 from computegroups.statefiles.store import mark_lost
@@ -77,7 +78,7 @@ async def recover(manager: Manager) -> RecoveryReport:
             lost_users = {component_of(u) for gid, g in doc.groups.items() if g.state == "lost" for u in g.users}
             for name in lost_users:
                 if name in doc.components:
-                    doc.components[name] = replace(doc.components[name], state="lost")
+                    doc.components[name] = replace(doc.components[name], state=ComponentState.LOST)
 
         releasing = [c.name for c in keeper.doc.components.values() if c.state == "releasing"]
         await asyncio.gather(*(

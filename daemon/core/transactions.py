@@ -23,6 +23,7 @@ from computegroups.daemon.core.consistency import check_consistent
 from computegroups.daemon.core.workers import replica_groups, replica_ref
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
 from computegroups.daemon.model.errors import (
     BadRequest,
     Conflict,
@@ -61,10 +62,15 @@ class Caller:
         return self.uid == 0
 
 
-def group_ids_for(name: str, scope: str, replicas: range) -> dict[str, int | None]:
+def group_ids_for(name: str, scope: Scope, replicas: range) -> dict[str, int | None]:
     """The ids of a component's own groups, each with the replica it serves (None: all of them)."""
-    if scope == "all-replicas":
+    if scope == Scope.ALL_REPLICAS:
         return {f"{name}-all": None}
+    return dict(replica_group_ids(name, replicas))
+
+
+def replica_group_ids(name: str, replicas: range) -> dict[str, int]:
+    """The ids of a component's per-replica groups, each with its replica."""
     return {f"{name}-{i}": i for i in replicas}
 
 
@@ -185,7 +191,7 @@ def device_share(d: DeviceRecord):
 
 def group_record(
     machine: Machine, placement: Placement, claim: Claim, *, owner: str, owner_uid: int,
-    owner_gid: int, users: tuple[str, ...], scope: str, replica: int | None, state: str,
+    owner_gid: int, users: tuple[str, ...], scope: Scope, replica: int | None, state: GroupState,
     created: float,
 ) -> GroupRecord:
     devices = tuple(
@@ -196,7 +202,7 @@ def group_record(
         for d in placement.devices
     )
     return GroupRecord(
-        id=placement.group_id, claim=claim.to_dict(), devices=devices, state=state,
+        id=placement.group_id, claim=claim, devices=devices, state=state,
         owner=owner, owner_uid=owner_uid, owner_gid=owner_gid, users=users, scope=scope,
         replica=replica,
         domain=tuple(sorted(placement.domain)) if placement.domain else None,
@@ -260,8 +266,8 @@ def new_component_records(
     reservation = doc.reservations.get(name)
     if reservation is not None and (request.shadow_of or request.share_with):
         raise Conflict(f"reservation {name!r} exists: allocate it by name or release it first")
-    if request.shadow_of or request.share_with:
-        target_name = request.shadow_of or request.share_with
+    target_name = request.shadow_of or request.share_with
+    if target_name is not None:
         target = component_or_404(doc, target_name)
         check_owner(caller, target.owner_uid, f"component {target_name!r}")
         if target.state == "releasing":
@@ -286,7 +292,7 @@ def new_component_records(
     elif reservation is not None:
         check_owner(caller, reservation.owner_uid, f"reservation {name!r}")
         groups = [doc.groups[g] for g in reservation.group_ids if g in doc.groups]
-        if request.claim is not None and groups and request.claim.to_dict() != groups[0].claim:
+        if request.claim is not None and groups and request.claim != groups[0].claim:
             raise Conflict(f"reservation {name!r} holds a different claim: omit the claim to take it")
         scope = groups[0].scope if groups else request.scope
         if scope == "per-replica" and replicas != len(groups):
@@ -294,10 +300,10 @@ def new_component_records(
         for g in groups:
             users = tuple(refs_by_replica.values()) if g.scope == "all-replicas" else (
                 replica_ref(name, g.replica or 0),)
-            doc.groups[g.id] = replace(g, state="allocated", owner=name, users=users)
+            doc.groups[g.id] = replace(g, state=GroupState.ALLOCATED, owner=name, users=users)
         del doc.reservations[name]
         request = msgspec.structs.replace(
-            request, claim=Claim.from_dict(groups[0].claim) if groups else request.claim, scope=scope)
+            request, claim=groups[0].claim if groups else request.claim, scope=scope)
     else:
         if request.claim is None:
             raise BadRequest("claim: required (or share_with, shadow_of, or a reservation of this name)")
@@ -310,19 +316,17 @@ def new_component_records(
             doc.groups[p.group_id] = group_record(
                 keeper.machine, p, request.claim, owner=name, owner_uid=caller.uid,
                 owner_gid=caller.gid, users=users, scope=request.scope, replica=replica,
-                state="allocated", created=now,
+                state=GroupState.ALLOCATED, created=now,
             )
-    spec = request.to_spec()
-    spec["replicas"] = replicas
     comp = ComponentRecord(
-        name=name, owner_uid=caller.uid, owner_gid=caller.gid, spec=spec, replicas=replicas,
-        state="running" if request.command else "allocated", deployment=None,
+        name=name, owner_uid=caller.uid, owner_gid=caller.gid, spec=request.spec(), replicas=replicas,
+        state=ComponentState.RUNNING if request.command else ComponentState.ALLOCATED, deployment=None,
         shadow_of=request.shadow_of, lease_pid=caller.pid if request.lease else None,
         lease_start=None, created=now,
     )
     doc.components[name] = comp
     if request.command:
-        role = "shadow" if request.shadow_of else "primary"
+        role = Role.SHADOW if request.shadow_of else Role.PRIMARY
         for i in range(replicas):
             doc.workers[replica_ref(name, i)] = WorkerRecord(
                 component=name, replica=i, role=role, pid=None, create_time=None,
@@ -362,12 +366,11 @@ def new_reservation(doc: StateDoc, keeper: StateKeeper, request: ReservationRequ
         doc.groups[p.group_id] = group_record(
             keeper.machine, p, request.claim, owner=name, owner_uid=caller.uid,
             owner_gid=caller.gid, users=(), scope=request.scope, replica=replica,
-            state="reserved", created=now,
+            state=GroupState.RESERVED, created=now,
         )
     record = ReservationRecord(
         name=name, owner_uid=caller.uid, owner_gid=caller.gid, group_ids=tuple(ids),
-        spec={"claim": request.claim.to_dict(), "replicas": request.replicas, "scope": request.scope,
-              "ttl_s": request.ttl_s},
+        spec=request.spec(),
         expires_at=now + request.ttl_s, priority=request.claim.priority,
     )
     doc.reservations[name] = record
@@ -421,7 +424,7 @@ def check_scale_in(doc: StateDoc, comp: ComponentRecord, replicas: int) -> None:
                                    "release or scale it first")
     for other in dependents(doc, comp.name)[1]:
         dep = doc.components[other]
-        if dep.spec.get("scope") == "per-replica" and dep.replicas > replicas:
+        if dep.spec.scope == Scope.PER_REPLICA and dep.replicas > replicas:
             raise Conflict(
                 f"component {other!r} shares {comp.name!r} replica by replica with "
                 f"{dep.replicas} replicas: scale it down first"
@@ -464,7 +467,7 @@ def scale_component(
             attach_refs(doc, [f"{comp.name}-all"], [replica_ref(comp.name, i) for i in new])
         else:
             assert request.claim is not None
-            ids = group_ids_for(comp.name, "per-replica", new)
+            ids = replica_group_ids(comp.name, new)
             placements = keeper.place(doc, request.claim, list(ids), comp.name)
             drop_displaced(doc, placements)
             for p in placements:
@@ -472,7 +475,7 @@ def scale_component(
                 doc.groups[p.group_id] = group_record(
                     keeper.machine, p, request.claim, owner=comp.name, owner_uid=comp.owner_uid,
                     owner_gid=comp.owner_gid, users=(replica_ref(comp.name, replica),),
-                    scope="per-replica", replica=replica, state="allocated", created=now,
+                    scope=Scope.PER_REPLICA, replica=replica, state=GroupState.ALLOCATED, created=now,
                 )
         for shadow in shadows:
             for i in new:
@@ -480,15 +483,13 @@ def scale_component(
                 attach_refs(doc, targets, [replica_ref(shadow, i)])
         for name in (comp.name, *shadows):
             member = doc.components[name]
-            if member.spec.get("command"):
-                role = "shadow" if member.shadow_of else "primary"
+            if member.spec.command:
+                role = Role.SHADOW if member.shadow_of else Role.PRIMARY
                 for i in new:
                     doc.workers[replica_ref(name, i)] = WorkerRecord(
                         component=name, replica=i, role=role, pid=None, create_time=None,
                         started_at=now, restarts=0, promotions=0, last_promoted_at=None,
                     )
     for name in (comp.name, *shadows):
-        member = doc.components[name]
-        spec = dict(member.spec, replicas=replicas)
-        doc.components[name] = replace(member, replicas=replicas, spec=spec)
+        doc.components[name] = replace(doc.components[name], replicas=replicas)
     return doc.components[comp.name]

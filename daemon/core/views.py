@@ -37,7 +37,7 @@ def group_view(doc: StateDoc, g: GroupRecord) -> dict[str, Any]:
     return {
         "id": g.id, "state": g.state, "owner": g.owner,
         "owner_uid": g.owner_uid, "users": list(g.users), "scope": g.scope,
-        "replica": g.replica, "claim": g.claim,
+        "replica": g.replica, "claim": g.claim.to_dict(),
         "devices": [device_view(d) for d in g.devices],
         "domain": list(g.domain) if g.domain is not None else None,
         "exclusive_domain": list(g.exclusive_domain) if g.exclusive_domain is not None else None,
@@ -51,7 +51,7 @@ def component_view(
     replica_states: dict[str, str],
 ) -> dict[str, Any]:
     replicas = []
-    explanations = []
+    explanations: list[str] = []
     for i in range(comp.replicas):
         ref = replica_ref(comp.name, i)
         groups = replica_groups(doc, comp.name, i)
@@ -86,11 +86,11 @@ def component_view(
         "owner": owner_view(comp.owner_uid, comp.owner_gid),
         "state": comp.state,
         "replicas_wanted": comp.replicas,
-        "scope": spec.get("scope"),
-        "share_with": spec.get("share_with"),
+        "scope": spec.scope,
+        "share_with": spec.share_with,
         "shadow_of": comp.shadow_of,
         "deployment": comp.deployment,
-        "command": spec.get("command"),
+        "command": list(spec.command) if spec.command is not None else None,
         "created": comp.created,
         "lease_pid": comp.lease_pid,
         "replicas": replicas,

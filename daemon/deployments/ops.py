@@ -47,8 +47,10 @@ from computegroups.daemon.model.deployment import (
     check_immutable,
     parse,
 )
+from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
 from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
 from computegroups.daemon.model.refs import ReplicaRef, component_of
+from computegroups.daemon.model.requests import ComponentSpec
 from computegroups.statefiles.schema import ComponentRecord, DeploymentRecord, StateDoc, WorkerRecord
 
 log = logging.getLogger("cgd.deployments")
@@ -236,7 +238,8 @@ class Deployments:
     def _plan(self, name: str, change: _Change) -> _Diff:
         """The difference to make, checked in a transaction that is thrown away."""
         old_plan = expand(change.old) if change.old is not None else Plan(name)
-        plan = _checked(lambda: expand(change.new), change.source) if change.new is not None else Plan(name)
+        new = change.new
+        plan = _checked(lambda: expand(new), change.source) if new is not None else Plan(name)
         doc = self.keeper.doc
         held = {gid for gid, g in old_plan.groups.items() if gid in doc.groups and doc.groups[gid].owner == g.owner}
         mine = {n for n, c in doc.components.items() if c.deployment == name}
@@ -310,7 +313,7 @@ def _diff(doc: StateDoc, name: str, plan: Plan, spec: DeploymentSpec | None, own
         if foreign:
             diff.foreign_users[gid] = foreign
     for c in doc.components.values():
-        attached = c.shadow_of or c.spec.get("share_with")
+        attached = c.shadow_of or c.spec.share_with
         if c.name not in ours and attached in mine - set(plan.instances):
             raise Conflict(f"component {c.name!r} is attached to {attached!r} of deployment {name!r}: "
                            "release it first")
@@ -336,11 +339,9 @@ def _diff(doc: StateDoc, name: str, plan: Plan, spec: DeploymentSpec | None, own
     return diff
 
 
-def _instance_spec(inst: InstancePlan) -> dict[str, Any]:
+def _instance_spec(inst: InstancePlan) -> ComponentSpec:
     """The component record's spec: what the worker runs (its count lives on the record)."""
-    spec = inst.component.request(inst.path, inst.shadow_of).to_spec()
-    del spec["replicas"]
-    return spec
+    return inst.component.request(inst.path, inst.shadow_of).spec()
 
 
 def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
@@ -369,7 +370,7 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
             g = plan.groups[p.group_id]
             doc.groups[g.id] = group_record(
                 keeper.machine, p, claim, owner=g.owner, owner_uid=owner_uid, owner_gid=owner_gid,
-                users=g.users, scope=g.scope, replica=g.replica, state="allocated", created=now,
+                users=g.users, scope=Scope(g.scope), replica=g.replica, state=GroupState.ALLOCATED, created=now,
             )
     for path in diff.gone_components:
         del doc.components[path]
@@ -382,15 +383,15 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
             continue
         doc.components[path] = ComponentRecord(
             name=path, owner_uid=owner_uid, owner_gid=owner_gid, spec=spec, replicas=inst.replicas,
-            state="running" if inst.component.command else "allocated", deployment=diff.name,
+            state=ComponentState.RUNNING if inst.component.command else ComponentState.ALLOCATED, deployment=diff.name,
             shadow_of=inst.shadow_of, created=current.created if current else now,
         )
     refs = plan.refs()
     for ref in diff.new_workers:
         inst = refs[ref]
         doc.workers[ref] = WorkerRecord(
-            component=inst.path, replica=ReplicaRef.parse(ref).index,
-            role="shadow" if inst.shadow_of else "primary", pid=None, create_time=None, started_at=now,
+            component=inst.path, replica=ReplicaRef.parse(ref).replica,
+            role=Role.SHADOW if inst.shadow_of else Role.PRIMARY, pid=None, create_time=None, started_at=now,
         )
     if diff.spec is None:
         doc.deployments.pop(diff.name, None)

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 import msgspec
 from msgspec import Meta
 
-from computegroups.daemon.model.enums import StrEnum
 from computegroups.daemon.model.decoding import (
     PATTERN_PROBLEMS,
     ModelError,
     convert,
     to_plain,
 )
+from computegroups.daemon.model.enums import StrEnum
 from computegroups.topology.model import DomainKind
 
 MAX_GPUS = 1024

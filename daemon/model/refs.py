@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 class ReplicaRef(NamedTuple):
     component: str
-    index: int
+    replica: int
 
     @classmethod
     def parse(cls, text: str) -> ReplicaRef:
@@ -23,7 +23,7 @@ class ReplicaRef(NamedTuple):
         return cls(component, int(index))
 
     def __str__(self) -> str:
-        return f"{self.component}/{self.index}"
+        return f"{self.component}/{self.replica}"
 
 
 def component_of(text: str) -> str:

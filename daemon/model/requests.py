@@ -7,26 +7,24 @@ so the manager only ever sees well-formed requests and a refused request
 cannot have changed anything.
 
 `ComponentSpec` is the form of a component kept in the state file (the
-lease and the name live on the record); `ComponentRequest.to_spec` and
+lease and the name live on the record); `ComponentRequest.spec` and
 `from_spec` are its two directions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
 
 from computegroups.daemon.model.claims import NAME_PATTERN, NAME_RE, Claim, Name
-from computegroups.daemon.model.enums import Scope
 from computegroups.daemon.model.decoding import (
     PATTERN_PROBLEMS,
     ModelError,
     convert,
-    to_plain,
 )
+from computegroups.daemon.model.enums import Scope
 
 __all__ = [
     "MAX_REPLICAS", "NAME_RE", "RESERVED_ENV_PREFIXES", "SCOPES", "ComponentRequest", "ComponentSpec",
@@ -100,11 +98,9 @@ class _Process(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class ComponentSpec(_Process, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A component as the state file keeps it (`ComponentRecord.spec`).
 
-    `replicas` is the count asked at allocation; the record's own count is
-    the truth (it may be 0 after a scale-in).
+    The replica count is not part of it: the record's own count is the one
+    truth (it changes with every scale).
     """
-
-    replicas: Annotated[int, Meta(ge=0, le=MAX_REPLICAS)] = 1
 
 
 class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -122,20 +118,14 @@ class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_field
     def spec(self) -> ComponentSpec:
         """The form kept in the state file (the lease lives on the record)."""
         return ComponentSpec(
-            claim=self.claim, replicas=self.replicas, scope=self.scope, share_with=self.share_with,
+            claim=self.claim, scope=self.scope, share_with=self.share_with,
             shadow_of=self.shadow_of, command=self.command, shell=self.shell, env=dict(self.env), cwd=self.cwd,
             restart=self.restart, stop_timeout_s=float(self.stop_timeout_s),
         )
 
-    def to_spec(self) -> dict[str, Any]:
-        """`spec()` as plain JSON objects, what `ComponentRecord.spec` holds today."""
-        out: dict[str, Any] = to_plain(self.spec())
-        return out
-
     @classmethod
-    def from_spec(cls, name: str, spec: ComponentSpec | Mapping[str, Any]) -> ComponentRequest:
+    def from_spec(cls, name: str, s: ComponentSpec) -> ComponentRequest:
         """The request a stored component was made from (its replica count left to the record)."""
-        s = spec if isinstance(spec, ComponentSpec) else convert(spec, ComponentSpec, root="spec")
         return cls(
             name=name, claim=s.claim, scope=s.scope, share_with=s.share_with, shadow_of=s.shadow_of,
             command=s.command, shell=s.shell, env=dict(s.env), cwd=s.cwd, restart=s.restart,
@@ -157,11 +147,9 @@ class ReservationRequest(ReservationSpec, frozen=True, kw_only=True, forbid_unkn
 
     name: Name
 
-    def to_spec(self) -> dict[str, Any]:
-        """The `ReservationSpec` kept in the state file, as plain JSON objects."""
-        spec = ReservationSpec(claim=self.claim, replicas=self.replicas, scope=self.scope, ttl_s=float(self.ttl_s))
-        out: dict[str, Any] = to_plain(spec)
-        return out
+    def spec(self) -> ReservationSpec:
+        """The form kept in the state file (the name lives on the record)."""
+        return ReservationSpec(claim=self.claim, replicas=self.replicas, scope=self.scope, ttl_s=float(self.ttl_s))
 
 
 class ScaleRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -227,9 +227,9 @@ def merge_devices(devices: Iterable[VisibleDevice]) -> list[VisibleDevice]:
 
 def _check_extra(extra: Mapping[str, str]) -> None:
     for key, value in extra.items():
-        if not isinstance(key, str) or not _ENV_KEY.fullmatch(key):
+        if not _ENV_KEY.fullmatch(key):
             raise ValueError(f"env: {key!r} is not a valid variable name")
         if key.startswith(RESERVED_PREFIXES):
             raise ValueError(f"env: {key} is set by cgd (CG_* and CUDA_* are reserved)")
-        if not isinstance(value, str) or "\0" in value:
+        if "\0" in value:
             raise ValueError(f"env: {key}: value must be a string without NUL bytes")

@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import sys
 
+from msgspec.structs import replace
+
+from computegroups.daemon.model.claims import Claim
+from computegroups.daemon.model.enums import ComponentState, GroupState, Scope
+from computegroups.daemon.model.requests import ComponentSpec
 from computegroups.statefiles import (
     ComponentRecord,
     DeviceRecord,
@@ -33,14 +38,14 @@ def content_for(generation: int, doc: StateDoc | None = None) -> StateDoc:
     for n in range(generation % 40):
         name = f"c{n}"
         doc.components[name] = ComponentRecord(
-            name=name, owner_uid=1000, owner_gid=1000, replicas=1, state="running", created=float(n),
-            spec={"generation": generation, "payload": "x" * (generation % 97)},
+            name=name, owner_uid=1000, owner_gid=1000, replicas=1, state=ComponentState.RUNNING,
+            created=float(n), spec=ComponentSpec(env={"GENERATION": str(generation), "PAYLOAD": "x" * (generation % 97)}),
         )
         gpu = (n + generation) % len(GPUS)
         doc.groups[f"{name}-0"] = GroupRecord(
-            id=f"{name}-0", claim={"memory_mib": 1024}, state="allocated", owner=name, users=(f"{name}/0",),
+            id=f"{name}-0", claim=Claim(memory_mib=1024), state=GroupState.ALLOCATED, owner=name, users=(f"{name}/0",),
             owner_uid=1000, owner_gid=1000,
-            scope="per-replica", replica=0, created=float(n), explanation=f"written by generation {generation}",
+            scope=Scope.PER_REPLICA, replica=0, created=float(n), explanation=f"written by generation {generation}",
             devices=(DeviceRecord(gpu_index=gpu, gpu_uuid=GPUS[gpu], memory_mib=1024, compute_pct=10, whole=False),),
         )
     return doc
@@ -61,9 +66,10 @@ def increment(store: StateStore, times: int) -> None:
             counter = doc.components.get("counter")
             if counter is None:
                 counter = doc.components["counter"] = ComponentRecord(
-                    name="counter", owner_uid=0, owner_gid=0, replicas=0, state="allocated", spec={"count": 0},
+                    name="counter", owner_uid=0, owner_gid=0, replicas=0, state=ComponentState.ALLOCATED,
+                    spec=ComponentSpec(env={"COUNT": "0"}),
                 )
-            counter.spec["count"] += 1
+            counter.spec = replace(counter.spec, env={"COUNT": str(int(counter.spec.env["COUNT"]) + 1)})
 
 
 def hold(store: StateStore) -> None:

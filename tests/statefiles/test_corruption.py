@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from computegroups.statefiles import StateCorruptError, StateDoc, StateStore, StateVersionError
+from computegroups.statefiles import SCHEMA_VERSION, StateCorruptError, StateDoc, StateStore, StateVersionError
 from tests.statefiles.samples import commit, populated_doc
 
 
@@ -181,7 +181,7 @@ def test_a_newer_schema_is_refused_even_with_a_good_backup(two_generations: Stat
 def test_a_bad_state_file_with_a_newer_backup_is_refused(two_generations: StateStore) -> None:
     store = two_generations
     store.path.write_bytes(b"")
-    store.backup_path.write_text(json.dumps({"schema_version": 2}))
+    store.backup_path.write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1}))
     with pytest.raises(StateVersionError, match=re.escape(str(store.backup_path))):
         store.load()
 

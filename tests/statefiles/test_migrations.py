@@ -9,6 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from computegroups.daemon.model.claims import Claim
+from computegroups.daemon.model.requests import ComponentSpec
 from computegroups.statefiles import (
     SCHEMA_VERSION,
     ComponentState,
@@ -19,7 +21,7 @@ from computegroups.statefiles import (
     StateFormatError,
     StateStore,
 )
-from computegroups.statefiles.fileformat import encode_body, seal, validated
+from computegroups.statefiles.fileformat import encode_body, validated
 from computegroups.statefiles.migrations import MIGRATIONS, migrate, migration
 from tests.statefiles.samples import UUIDS, populated_doc
 
@@ -36,13 +38,22 @@ def version_0() -> dict[str, Any]:
     return data
 
 
+def test_version_1_keeps_the_replica_count_on_the_record_only() -> None:
+    data: dict[str, Any] = json.loads(msgspec.json.encode(populated_doc()))
+    data["schema_version"] = 1
+    data["components"]["web"]["spec"]["replicas"] = 7
+    migrated = migrate(data)
+    assert "replicas" not in migrated["components"]["web"]["spec"]
+    assert migrated["components"]["web"]["replicas"] == 2
+
+
 def test_every_older_version_has_a_step_to_the_next() -> None:
     assert sorted(MIGRATIONS) == list(range(SCHEMA_VERSION))
 
 
 def test_version_0_names_drained_gpus_by_uuid_and_gains_deployments() -> None:
     data = migrate(version_0())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == SCHEMA_VERSION
     assert data["drained"] == [UUIDS[2], UUIDS[0]]
     assert data["deployments"] == {}
     assert data["components"]["web"]["deployment"] is None
@@ -53,14 +64,14 @@ def test_a_version_0_file_loads_and_its_original_is_kept_on_the_first_write(stor
     original = json.dumps(version_0(), indent=2).encode()
     store.path.write_bytes(original)
     doc = store.load()
-    assert (doc.schema_version, doc.generation, doc.drained) == (1, 41, (UUIDS[2], UUIDS[0]))
+    assert (doc.schema_version, doc.generation, doc.drained) == (SCHEMA_VERSION, 41, (UUIDS[2], UUIDS[0]))
     with (txn := store.transaction()):
         pass
     assert txn.written, "a migrated state is written even when nothing else changed"
     assert (store.directory / "state.json.v0").read_bytes() == original
     assert store.backup_path.read_bytes() == original
     rewritten = json.loads(store.path.read_bytes())
-    assert rewritten["schema_version"] == 1 and rewritten["generation"] == 42
+    assert rewritten["schema_version"] == SCHEMA_VERSION and rewritten["generation"] == 42
     with (again := store.transaction()):
         pass
     assert not again.written
@@ -113,33 +124,39 @@ def test_a_state_written_by_release_0_1_0_loads_and_commits_again(store: StateSt
     original = RELEASE_0_1_0.read_bytes()
     store.path.write_bytes(original)
     doc = store.load()
-    assert (doc.schema_version, doc.generation) == (1, 14)
+    assert (doc.schema_version, doc.generation) == (SCHEMA_VERSION, 14)
     assert doc.machine is not None and doc.machine.hostname == "dgx-h100-sim" and len(doc.machine.gpu_uuids) == 8
     assert doc.drained == ("GPU-160615ca-6772-548d-99fb-f3dfb61e08f4",)
     assert len(doc.components) == 11 and len(doc.groups) == 17 and len(doc.workers) == 11
     assert doc.components["web-standby"].shadow_of == "web"
+    assert doc.components["web-standby"].spec == ComponentSpec(
+        shadow_of="web", command=("python3", "-c", "import time; time.sleep(3600)"), cwd="/work/main")
     assert doc.components["rs-0-worker-a-standby"].deployment == "rs"
     assert doc.components["trainer"].state is ComponentState.ALLOCATED
+    assert doc.components["small-a"].replicas == 2
     assert doc.groups["trainer-0"].users == ("side/0", "trainer/0"), "side shares trainer's group"
+    assert doc.groups["trainer-0"].claim == Claim(gpus=2, colocate="nvlink")
     assert [d.gpu_index for d in doc.groups["trainer-0"].devices] == [2, 3]
     share = doc.groups["rs-0-sga-0-rank"]
     assert (share.devices[0].memory_mib, share.devices[0].compute_pct, share.devices[0].whole) == (1024, 5, False)
     assert doc.groups["rs-all-set-pool"].scope is Scope.ALL_REPLICAS
     assert doc.groups["later-0"].state is GroupState.RESERVED
     assert doc.reservations["later"].group_ids == ("later-0",)
-    assert doc.reservations["later"].spec["ttl_s"] == 3600.0
+    assert doc.reservations["later"].spec.ttl_s == 3600.0
     assert doc.workers["web-standby/0"].role is Role.SHADOW and doc.workers["web/0"].pid == 5355
     assert doc.deployments["rs"].spec["file"]["name"] == "rs"
 
-    with (untouched := store.transaction()):
+    with (first := store.transaction()):
         pass
-    assert not untouched.written, "this release writes a 0.1.0 state byte for byte as 0.1.0 did"
-    assert store.path.read_bytes() == original
+    assert first.written and first.generation == 15, "a migrated state is written on the first transaction"
+    assert (store.directory / "state.json.v1").read_bytes() == original
+    rewritten = json.loads(store.path.read_bytes())
+    assert rewritten["schema_version"] == SCHEMA_VERSION
+    assert all("replicas" not in c["spec"] for c in rewritten["components"].values())
 
     with (txn := store.transaction()) as changed:
         changed.groups["web-0"].state = GroupState.DRAINING
-    assert txn.written and txn.generation == 15
-    assert store.backup_path.read_bytes() == original
+    assert txn.written and txn.generation == 16
     reloaded = store.load()
     assert reloaded.groups["web-0"].state is GroupState.DRAINING
     reloaded.groups["web-0"].state = GroupState.ALLOCATED
@@ -148,4 +165,3 @@ def test_a_state_written_by_release_0_1_0_loads_and_commits_again(store: StateSt
 
     body = encode_body(reloaded)
     assert validated(reloaded.generation, body) == reloaded
-    assert seal(reloaded.generation, body) == original

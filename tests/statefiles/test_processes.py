@@ -104,7 +104,7 @@ def test_processes_doing_read_modify_write_lose_no_update(tmp_path: Path) -> Non
         assert child.stdout is not None
         child.stdout.close()
     doc = StateStore(tmp_path).load()
-    assert doc.components["counter"].spec["count"] == processes * increments
+    assert doc.components["counter"].spec.env["COUNT"] == str(processes * increments)
     assert doc.generation == processes * increments
 
 

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from computegroups.daemon.model.claims import Claim
 from computegroups.statefiles import (
+    SCHEMA_VERSION,
     ComponentState,
     DeviceRecord,
     GroupRecord,
@@ -116,7 +118,7 @@ def _mutated(change: Any) -> dict[str, Any]:
         (lambda d: d.update(drained=["GPU-aaaa", "GPU-aaaa"]), "drained[1]: duplicate"),
         (lambda d: d.update(machine={"hostname": "box"}), "machine.gpu_uuids: missing"),
         (lambda d: d.update(generation=-3), "generation: must be >= 0"),
-        (lambda d: d.update(schema_version=2), "schema_version: must be 1 once loaded"),
+        (lambda d: d.update(schema_version=SCHEMA_VERSION + 1), f"schema_version: must be {SCHEMA_VERSION} once loaded"),
         (lambda d: d["reservations"]["night"].update(expires_at=None),
          'reservations["night"].expires_at: expected number'),
         (lambda d: d["deployments"]["site"].update(source=7),
@@ -142,7 +144,7 @@ def test_a_document_that_is_not_an_object_is_refused(value: Any) -> None:
 def test_a_record_alone_is_checked_the_same_way() -> None:
     with pytest.raises(StateFormatError, match=r"^devices\[0\]\.gpu_uuid: expected string, got null"):
         convert({
-            "id": "g", "claim": {}, "state": "allocated", "owner": "o", "owner_uid": 0, "owner_gid": 0,
+            "id": "g", "claim": {"gpus": 1}, "state": "allocated", "owner": "o", "owner_uid": 0, "owner_gid": 0,
             "users": [], "scope": "all-replicas",
             "replica": None, "domain": None, "exclusive_domain": None, "priority": 0, "created": 0,
             "explanation": "", "devices": [{"gpu_index": 0, "gpu_uuid": None, "mig_uuid": None,
@@ -172,16 +174,20 @@ _device = st.builds(DeviceRecord, gpu_index=st.integers(0, 15), gpu_uuid=_names,
                     compute_pct=st.integers(0, 100), whole=st.booleans())
 
 
+_claims = st.sampled_from([Claim(gpus=1), Claim(gpus=4, colocate="nvlink"), Claim(memory_mib=20480),
+                           Claim(memory_mib=1024, compute_pct=10, priority=3), Claim(mig="1g.10gb")])
+
+
 @st.composite
 def _groups(draw: st.DrawFn) -> dict[str, GroupRecord]:
     ids = draw(st.lists(_names, max_size=4, unique=True))
     return {gid: GroupRecord(
-        id=gid, claim=draw(st.dictionaries(st.text(max_size=5), _json, max_size=3)),
+        id=gid, claim=draw(_claims),
         devices=tuple(draw(st.lists(_device, max_size=3))),
-        state=draw(st.sampled_from(["reserved", "allocated", "draining", "degraded", "lost"])),
+        state=draw(st.sampled_from(GroupState)),
         owner=draw(_names), owner_uid=draw(st.integers(0, 2**32)), owner_gid=draw(st.integers(0, 2**32)),
         users=tuple(draw(st.lists(_names, max_size=3, unique=True))),
-        scope=draw(st.sampled_from(["all-replicas", "per-replica"])), replica=draw(st.none() | st.integers(0, 9)),
+        scope=draw(st.sampled_from(Scope)), replica=draw(st.none() | st.integers(0, 9)),
         domain=draw(st.none() | st.tuples(st.integers(0, 15))), priority=draw(st.integers(-5, 5)),
         created=draw(st.floats(0, 2e9)), explanation=draw(st.text(max_size=20)),
     ) for gid in ids}

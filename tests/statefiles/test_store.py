@@ -11,8 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 
+from computegroups.daemon.model.claims import Claim
+from computegroups.daemon.model.enums import ComponentState, GroupState
+from computegroups.daemon.model.requests import ComponentSpec
 from computegroups.statefiles import (
+    SCHEMA_VERSION,
     ComponentRecord,
     StateDoc,
     StateError,
@@ -39,14 +44,14 @@ def test_a_commit_bumps_the_generation_and_loads_back(store: StateStore) -> None
 def test_changes_in_place_are_committed(store: StateStore) -> None:
     commit(store, populated_doc())
     with (txn := store.transaction()) as doc:
-        doc.groups["web-0"].state = "draining"
-        doc.components["web"].spec["env"]["B"] = "2"
+        doc.groups["web-0"].state = GroupState.DRAINING
+        doc.components["web"].spec.env["B"] = "2"
         doc.drained = ()
     assert txn.written and txn.generation == 2 and doc.generation == 2
     assert txn.committed is doc
     loaded = store.load()
     assert loaded.groups["web-0"].state == "draining"
-    assert loaded.components["web"].spec["env"] == {"A": "1", "B": "2"}
+    assert loaded.components["web"].spec.env == {"A": "1", "B": "2"}
     assert loaded.drained == ()
 
 
@@ -98,16 +103,20 @@ def _deeply_nested() -> Any:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda doc: doc.groups["web-0"].claim.update(gpus=float("inf")),
-         'groups["web-0"].claim["gpus"]: expected a finite number, got inf'),
-        (lambda doc: doc.components["web"].spec.update({"env": {"A": {1, 2}}}),
-         'components["web"].spec["env"]["A"]: expected a JSON value, got set'),
-        (lambda doc: doc.reservations["night"].spec.update({"ttl": [0.5, float("nan")]}),
-         'reservations["night"].spec["ttl"][1]: expected a finite number, got nan'),
+        (lambda doc: doc.deployments["site"].spec.update(weight=float("inf")),
+         'deployments["site"].spec["weight"]: expected a finite number, got inf'),
+        (lambda doc: doc.deployments["site"].spec.update({"env": {"A": {1, 2}}}),
+         'deployments["site"].spec["env"]["A"]: expected a JSON value, got set'),
+        (lambda doc: doc.deployments["site"].spec.update({"ttl": [0.5, float("nan")]}),
+         'deployments["site"].spec["ttl"][1]: expected a finite number, got nan'),
         (lambda doc: doc.deployments["site"].spec.update({1: "one"}),
          'deployments["site"].spec: object keys must be strings, got int 1'),
-        (lambda doc: doc.components["web"].spec.update(deep=_deeply_nested()),
-         'components["web"].spec: nested too deeply'),
+        (lambda doc: doc.deployments["site"].spec.update(deep=_deeply_nested()),
+         'deployments["site"].spec: nested too deeply'),
+        (lambda doc: doc.components["web"].spec.env.update(B=7),
+         'components["web"].spec.env["B"]: expected string, got int'),
+        (lambda doc: setattr(doc.groups["web-0"], "claim", Claim(gpus=0)),
+         'groups["web-0"].claim.gpus: must be'),
         (lambda doc: setattr(doc.groups["web-0"], "explanation", object()),
          'groups["web-0"]: not a JSON value'),
         (lambda doc: setattr(doc.groups["web-0"], "state", "released"),
@@ -132,10 +141,10 @@ def test_what_json_cannot_hold_and_broken_rules_are_refused_at_commit(
 
 def test_a_committed_document_is_not_shared_with_the_next_transaction(store: StateStore) -> None:
     committed = commit(store, populated_doc())
-    committed.components["web"].spec["env"]["A"] = "changed after the commit"
+    committed.components["web"].spec.env["A"] = "changed after the commit"
     committed.groups["web-0"].users = ()
     with store.transaction() as doc:
-        assert doc.components["web"].spec["env"]["A"] == "1"
+        assert doc.components["web"].spec.env["A"] == "1"
         assert doc.groups["web-0"].users == ("web/0", "standby/0")
 
 
@@ -145,7 +154,7 @@ def test_the_caller_cannot_set_the_generation_or_version(store: StateStore) -> N
         doc.schema_version = 7
         doc.drained = ("GPU-x",)
     loaded = store.load()
-    assert (loaded.generation, loaded.schema_version) == (1, 1)
+    assert (loaded.generation, loaded.schema_version) == (1, SCHEMA_VERSION)
 
 
 def test_the_document_can_be_replaced_whole(store: StateStore) -> None:
@@ -181,7 +190,7 @@ def test_the_file_is_readable_json_sealed_by_a_checksum(store: StateStore) -> No
     commit(store, populated_doc())
     text = store.path.read_text()
     lines = text.splitlines()
-    assert lines[:3] == ["{", '  "schema_version": 1,', '  "generation": 1,']
+    assert lines[:3] == ["{", f'  "schema_version": {SCHEMA_VERSION},', '  "generation": 1,']
     assert lines[-2].startswith('  "checksum": "sha256:') and lines[-1] == "}"
     assert sum('"id": "web-' in line for line in lines) == 2, "one group per line"
     data = json.loads(text)
@@ -320,8 +329,9 @@ def test_threads_lose_no_update(tmp_path: Path, shared: bool) -> None:
         for _ in range(increments):
             with store.transaction() as doc:
                 counter = doc.components.setdefault("counter", ComponentRecord(
-                    name="counter", owner_uid=0, owner_gid=0, replicas=0, state="allocated", spec={"n": 0}))
-                counter.spec["n"] += 1
+                    name="counter", owner_uid=0, owner_gid=0, replicas=0, state=ComponentState.ALLOCATED,
+                    spec=ComponentSpec(env={"N": "0"})))
+                counter.spec = replace(counter.spec, env={"N": str(int(counter.spec.env["N"]) + 1)})
 
     workers = [threading.Thread(target=work) for _ in range(threads)]
     for worker in workers:
@@ -329,7 +339,7 @@ def test_threads_lose_no_update(tmp_path: Path, shared: bool) -> None:
     for worker in workers:
         worker.join()
     final = one.load()
-    assert final.components["counter"].spec["n"] == threads * increments
+    assert final.components["counter"].spec.env["N"] == str(threads * increments)
     assert final.generation == threads * increments
 
 
@@ -340,13 +350,13 @@ def test_a_negative_lock_timeout_is_refused(tmp_path: Path) -> None:
 
 def test_the_next_transaction_sees_exactly_what_a_reload_sees(store: StateStore) -> None:
     doc = populated_doc()
-    doc.components["web"].spec = {"z": 1, "a": [1, {"y": 2, "b": 3}]}
+    doc.deployments["site"].spec = {"z": 1, "a": [1, {"y": 2, "b": 3}]}
     commit(store, doc)
     reloaded = StateStore(store.directory).load()
     with store.transaction() as following:
         assert following == reloaded
         assert list(following.groups) == list(reloaded.groups) == sorted(reloaded.groups)
-        assert list(following.components["web"].spec) == ["z", "a"]
+        assert list(following.deployments["site"].spec) == ["z", "a"]
 
 
 def test_a_write_by_another_store_is_seen_by_the_next_transaction(store: StateStore) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import msgspec
 import pytest
 
-from computegroups.statefiles import ComponentRecord, GroupRecord, StateFormatError
+from computegroups.statefiles import ComponentRecord, DeploymentRecord, GroupRecord, StateFormatError
 from computegroups.statefiles.validation import convert, opaque_fields
 
 
@@ -55,5 +55,6 @@ def test_a_typed_spec_names_every_map_key_on_the_way(spec: dict[str, Any], messa
 
 def test_a_typed_spec_is_not_an_opaque_field() -> None:
     assert opaque_fields(Record) == ()
-    assert opaque_fields(ComponentRecord) == ("spec",)
-    assert opaque_fields(GroupRecord) == ("claim",)
+    assert opaque_fields(ComponentRecord) == ()
+    assert opaque_fields(GroupRecord) == ()
+    assert opaque_fields(DeploymentRecord) == ("spec",)

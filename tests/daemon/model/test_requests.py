@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from msgspec.structs import replace
+
 from computegroups.daemon.model.requests import (
     ComponentRequest,
     RequestError,
@@ -11,7 +13,6 @@ from computegroups.daemon.model.requests import (
     parse_reservation,
     parse_scale,
 )
-from msgspec.structs import replace
 
 
 def test_full_component_round_trips_through_the_stored_spec() -> None:
@@ -22,11 +23,9 @@ def test_full_component_round_trips_through_the_stored_spec() -> None:
     }
     request = parse_component(body)
     assert request.claim is not None and request.claim.gpus == 2
-    again = ComponentRequest.from_spec("web", request.to_spec())
+    again = ComponentRequest.from_spec("web", request.spec())
     # The replica count lives on the component record, not in the stored spec.
     assert again == replace(request, replicas=1)
-    spec = dict(request.to_spec(), replicas=0)
-    assert ComponentRequest.from_spec("web", spec).command == request.command
 
 
 @pytest.mark.parametrize("name", ["", "-x", "A", "a/b", "..", "a" * 64, "a_b", "é"])
