@@ -172,7 +172,7 @@ class Daemon:
         report = await recover(manager)
         self.health = HealthMonitor(manager, Telemetry(self.gateway), opts.config.health)
         self.health.start()
-        app = CgdApp(manager, self.health, opts.log_dir, opts.state_dir, machine_to_dict(machine),
+        app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),
                      extra_routes=deployment_routes(Deployments(manager)))
         self.server = listen(app, opts.socket, opts.system)
         loop = asyncio.get_running_loop()

@@ -42,7 +42,6 @@ from computegroups.daemon.model.requests import (
     ScaleRequest,
     check_name,
 )
-from computegroups.daemon.supervision.worklogs import log_paths, read_log
 from computegroups.statefiles.errors import StateLockedError
 
 log = logging.getLogger("cgd.server")
@@ -233,7 +232,8 @@ class ApiHandler(tornado.web.RequestHandler):
         elif status_code == 405:
             message = f"{self.request.method} is not allowed on {self.request.path}"
         elif status_code >= 500:
-            log.error("internal error on %s %s", self.request.method, self.request.path, exc_info=kwargs.get("exc_info"))
+            log.error("internal error on %s %s", self.request.method, self.request.path,
+                      exc_info=kwargs.get("exc_info"))
             message = "internal error: see cgd's log"
         else:
             message = self._reason
@@ -313,12 +313,14 @@ class ComponentHandler(ApiHandler):
 
 class ScaleHandler(ApiHandler):
     async def post(self, name: str) -> None:
-        await self.run(lambda: self.app.manager.scale(self.caller, check_name(name), self.decode(ScaleRequest).replicas))
+        await self.run(lambda: self.app.manager.scale(
+            self.caller, check_name(name), self.decode(ScaleRequest).replicas))
 
 
 class RestartHandler(ApiHandler):
     async def post(self, name: str) -> None:
-        await self.run(lambda: self.app.manager.restart(self.caller, check_name(name), self.decode(RestartRequest).replica))
+        await self.run(lambda: self.app.manager.restart(
+            self.caller, check_name(name), self.decode(RestartRequest).replica))
 
 
 class EnvHandler(ApiHandler):
@@ -334,22 +336,13 @@ class LogsHandler(ApiHandler):
     async def get(self, name: str) -> None:
         def logs() -> dict[str, Any]:
             replica = self.query_int("replica", 0)
-            comp = self.app.manager.owned_component(self.caller, check_name(name), replica)
             stream = self.get_query_argument("stream", "stdout")
             if stream not in ("stdout", "stderr"):
                 raise BadRequest("stream: must be stdout or stderr")
-            out, err = log_paths(self.app.log_dir, comp.name, replica)
-            path = out if stream == "stdout" else err
-            try:
-                if os.stat(path).st_uid != comp.owner_uid:
-                    # Left by an earlier component of the same name and another owner.
-                    return {"path": str(path), "offset": 0, "size": 0, "data": ""}
-            except FileNotFoundError:
-                pass
             tail, offset = self.query_int("tail"), self.query_int("offset")
             if (tail is not None and tail < 0) or (offset is not None and offset < 0):
                 raise BadRequest("tail and offset must be >= 0")
-            return read_log(path, tail=tail, offset=offset)
+            return self.app.manager.logs(self.caller, check_name(name), replica, stream, tail, offset)
         await self.run(logs)
 
 
@@ -408,11 +401,10 @@ def _raise(exc: Exception) -> Any:
 class CgdApp:
     """The facts the server needs beyond the manager, and the routes."""
 
-    def __init__(self, manager: Manager, health, log_dir: Path, state_dir: Path,
+    def __init__(self, manager: Manager, health, state_dir: Path,
                  machine_dict: dict[str, Any], extra_routes: list | None = None) -> None:
         self.manager = manager
         self.health_monitor = health
-        self.log_dir = log_dir
         self.state_dir = state_dir
         self._machine = machine_dict
         self.extra_routes = extra_routes or []
@@ -440,8 +432,7 @@ class CgdApp:
         gpus = [{"index": g.index, "health": facts.get(g.index, {}).get("health", "ok"),
                  "reasons": facts.get(g.index, {}).get("reasons", [])}
                 for g in self.manager.keeper.machine.gpus]
-        expected = len(self.manager.doc.workers)
-        running = sum(1 for pids in self.manager.worker_pids_and_shares()[0].values() if pids)
+        expected, running = self.manager.worker_counts()
         degraded = any(g["health"] != "ok" for g in gpus)
         return {"status": "degraded" if degraded else "ok", "gpus": gpus,
                 "last_sample": self.health_monitor.last_sample,

@@ -50,6 +50,7 @@ from computegroups.daemon.model.refs import ReplicaRef, component_of
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
 from computegroups.daemon.supervision.supervisor import Supervisor, WorkerExit, WorkerStart
 from computegroups.daemon.supervision.workerenv import owner_env
+from computegroups.daemon.supervision.worklogs import read_worker_log
 from computegroups.statefiles.schema import StateDoc
 
 log = logging.getLogger("cgd.manager")
@@ -691,6 +692,19 @@ class Manager:
         if not 0 <= replica < max(comp.replicas, 1):
             raise NotFound(f"{name!r} has no replica {replica}")
         return comp
+
+    def logs(self, caller: Caller, name: str, replica: int, stream: str, tail: int | None,
+             offset: int | None) -> dict[str, Any]:
+        """A replica's log, for its owner or root."""
+        comp = self.owned_component(caller, name, replica)
+        return read_worker_log(self.paths.log_dir, comp.name, replica, stream, comp.owner_uid, tail, offset)
+
+    def worker_counts(self) -> tuple[int, int]:
+        """(workers the state asks for, workers whose process runs now)."""
+        doc = self.doc
+        keys = (watcher_key(w.component, w.replica) for w in doc.workers.values())
+        running = sum(1 for key in keys if self.supervisor.is_running(key))
+        return len(doc.workers), running
 
     def _pids(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}

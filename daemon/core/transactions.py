@@ -348,7 +348,9 @@ def drop_displaced(doc: StateDoc, placements: tuple[Placement, ...]) -> None:
             del doc.reservations[name]
 
 
-def new_reservation(doc: StateDoc, keeper: StateKeeper, request: ReservationRequest, caller: Caller) -> ReservationRecord:
+def new_reservation(
+    doc: StateDoc, keeper: StateKeeper, request: ReservationRequest, caller: Caller,
+) -> ReservationRecord:
     name = request.name
     if name in doc.reservations:
         raise Conflict(f"reservation {name!r} exists: release it first or pick another name")

@@ -234,3 +234,20 @@ def _own(fd: int, uid: int, gid: int) -> None:
 
 def _backups(path: Path) -> list[Path]:
     return sorted(path.parent.glob(f"{path.name}.*"))
+
+
+def read_worker_log(log_dir: str | os.PathLike[str], component: str, replica: int, stream: str,
+                    owner_uid: int, tail: int | None = None, offset: int | None = None) -> dict[str, Any]:
+    """A replica's `stdout` or `stderr` log as `read_log` answers, for the component's owner.
+
+    A file owned by anyone else was left by an earlier component of the same
+    name and another owner: it reads as empty, never as this one's output.
+    """
+    out, err = log_paths(log_dir, component, replica)
+    path = out if stream == "stdout" else err
+    try:
+        if os.stat(path).st_uid != owner_uid:
+            return {"path": str(path), "offset": 0, "size": 0, "data": ""}
+    except FileNotFoundError:
+        pass
+    return read_log(path, tail=tail, offset=offset)

@@ -603,3 +603,13 @@ def test_a_state_that_gives_one_gpu_to_two_groups_is_refused_at_start(start_cgd)
     error = again.stderr.splitlines()[-1]
     assert error.startswith("cgd: error: the state (generation"), again.stderr
     assert "GPU 3 is held whole by group one-0 and also by group two-0" in error
+
+
+def test_health_counts_workers_not_their_processes(cgd: Cgd) -> None:
+    parent = ("import subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+              "time.sleep(600)\n")
+    allocate(cgd, {"name": "fam", "claim": {"memory_mib": 1024}, "replicas": 2,
+                   "command": [sys.executable, "-c", parent]})
+    wait_for(lambda: all(len(r["pids"]) >= 1 for r in cgd.request("GET", "/v1/components/fam")[1]["replicas"]))
+    assert cgd.request("GET", "/v1/health")[1]["workers"] == {"expected": 2, "running": 2}
