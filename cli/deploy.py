@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import datetime
 import os
-import tomllib
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
 
 import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, fail, json_wanted, talking
 from computegroups.cli.render import devices_label, owner_name, table
+from computegroups.daemon.client.endpoints import Endpoints
 from computegroups.daemon.client.sync import CgdClient
 from computegroups.daemon.client.wire import Request
 
@@ -90,7 +96,7 @@ def get(name: str | None, as_json: bool) -> None:
         emit_lines(tree_text(found))
 
 
-def scale_deployment(cgd: CgdClient, target: str, replicas: int) -> dict[str, Any]:
+def scale_deployment(cgd: Endpoints[Any], target: str, replicas: int) -> dict[str, Any]:
     """Scale `S` (the set), `S/G` (a scaling group) or `S/C` (a component)
     of a deployment; answers the deployment tree with its `changes`."""
     name, _, child = target.partition("/")

@@ -39,7 +39,8 @@ def content_for(generation: int, doc: StateDoc | None = None) -> StateDoc:
         name = f"c{n}"
         doc.components[name] = ComponentRecord(
             name=name, owner_uid=1000, owner_gid=1000, replicas=1, state=ComponentState.RUNNING,
-            created=float(n), spec=ComponentSpec(env={"GENERATION": str(generation), "PAYLOAD": "x" * (generation % 97)}),
+            created=float(n),
+            spec=ComponentSpec(env={"GENERATION": str(generation), "PAYLOAD": "x" * (generation % 97)}),
         )
         gpu = (n + generation) % len(GPUS)
         doc.groups[f"{name}-0"] = GroupRecord(

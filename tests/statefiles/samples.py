@@ -38,7 +38,8 @@ def populated_doc() -> StateDoc:
     groups = [
         GroupRecord(id="web-0", claim=Claim(gpus=1), devices=(whole,), state=GroupState.ALLOCATED, owner="web",
                     owner_uid=1000, owner_gid=100, users=("web/0", "standby/0"), scope=Scope.PER_REPLICA,
-                    replica=0, domain=(0, 1), priority=5, created=1700000000.0, explanation="GPU 0: free, NVLink to GPU 1"),
+                    replica=0, domain=(0, 1), priority=5, created=1700000000.0,
+                    explanation="GPU 0: free, NVLink to GPU 1"),
         GroupRecord(id="web-1", claim=Claim(memory_mib=20000, compute_pct=25), devices=(share,),
                     state=GroupState.DRAINING,
                     owner="web", owner_uid=1000, owner_gid=100, users=("web/1",), scope=Scope.PER_REPLICA, replica=1,
@@ -52,7 +53,8 @@ def populated_doc() -> StateDoc:
         components={"web": web, "standby": standby},
         groups={g.id: g for g in groups},
         reservations={"night": ReservationRecord(name="night", owner_uid=1000, owner_gid=100, group_ids=("night-0",),
-                                                 spec=ReservationSpec(claim=Claim(mig="1g.10gb")), expires_at=1700090000.0,
+                                                 spec=ReservationSpec(claim=Claim(mig="1g.10gb")),
+                                                 expires_at=1700090000.0,
                                                  priority=1)},
         drained=(UUIDS[2],),
         workers={

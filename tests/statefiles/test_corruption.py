@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from computegroups.daemon.model.enums import GroupState
 from computegroups.statefiles import SCHEMA_VERSION, StateCorruptError, StateDoc, StateStore, StateVersionError
 from tests.statefiles.samples import commit, populated_doc
 
@@ -19,7 +20,7 @@ def two_generations(store: StateStore) -> StateStore:
     """Generation 1 in the backup, generation 2 (with web-1 drained) in the state file."""
     commit(store, populated_doc())
     with store.transaction() as doc:
-        doc.groups["web-1"].state = "allocated"
+        doc.groups["web-1"].state = GroupState.ALLOCATED
     return store
 
 

@@ -23,6 +23,7 @@ from computegroups.statefiles import (
 )
 from computegroups.statefiles.fileformat import encode_body, validated
 from computegroups.statefiles.migrations import MIGRATIONS, migrate, migration
+from computegroups.topology.model import DomainKind
 from tests.statefiles.samples import UUIDS, populated_doc
 
 
@@ -135,7 +136,7 @@ def test_a_state_written_by_release_0_1_0_loads_and_commits_again(store: StateSt
     assert doc.components["trainer"].state is ComponentState.ALLOCATED
     assert doc.components["small-a"].replicas == 2
     assert doc.groups["trainer-0"].users == ("side/0", "trainer/0"), "side shares trainer's group"
-    assert doc.groups["trainer-0"].claim == Claim(gpus=2, colocate="nvlink")
+    assert doc.groups["trainer-0"].claim == Claim(gpus=2, colocate=DomainKind.NVLINK)
     assert [d.gpu_index for d in doc.groups["trainer-0"].devices] == [2, 3]
     share = doc.groups["rs-0-sga-0-rank"]
     assert (share.devices[0].memory_mib, share.devices[0].compute_pct, share.devices[0].whole) == (1024, 5, False)

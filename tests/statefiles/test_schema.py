@@ -25,6 +25,7 @@ from computegroups.statefiles import (
     worker_key,
 )
 from computegroups.statefiles.validation import convert
+from computegroups.topology.model import DomainKind
 from tests.statefiles.samples import populated_doc
 
 
@@ -50,7 +51,7 @@ def test_round_trip_keeps_every_field() -> None:
 def test_states_are_enums_that_still_compare_as_their_strings() -> None:
     doc = from_json(to_json(populated_doc()))
     group, worker = doc.groups["web-0"], doc.workers["web/0"]
-    assert group.state is GroupState.ALLOCATED and group.state == "allocated"
+    assert group.state is GroupState.ALLOCATED and str(group.state) == "allocated"
     assert group.scope is Scope.PER_REPLICA and worker.role is Role.PRIMARY
     assert doc.components["web"].state is ComponentState.RUNNING
     assert f"{group.state}/{worker.role}" == "allocated/primary"
@@ -64,7 +65,7 @@ def test_the_empty_state() -> None:
 
 def test_records_are_mutable_and_replaceable() -> None:
     doc = populated_doc()
-    doc.groups["web-0"].state = "draining"
+    doc.groups["web-0"].state = GroupState.DRAINING
     doc.groups["web-1"] = msgspec.structs.replace(doc.groups["web-1"], users=("web", "standby"))
     again = from_json(to_json(doc))
     assert again.groups["web-0"].state == "draining"
@@ -118,7 +119,8 @@ def _mutated(change: Any) -> dict[str, Any]:
         (lambda d: d.update(drained=["GPU-aaaa", "GPU-aaaa"]), "drained[1]: duplicate"),
         (lambda d: d.update(machine={"hostname": "box"}), "machine.gpu_uuids: missing"),
         (lambda d: d.update(generation=-3), "generation: must be >= 0"),
-        (lambda d: d.update(schema_version=SCHEMA_VERSION + 1), f"schema_version: must be {SCHEMA_VERSION} once loaded"),
+        (lambda d: d.update(schema_version=SCHEMA_VERSION + 1),
+         f"schema_version: must be {SCHEMA_VERSION} once loaded"),
         (lambda d: d["reservations"]["night"].update(expires_at=None),
          'reservations["night"].expires_at: expected number'),
         (lambda d: d["deployments"]["site"].update(source=7),
@@ -160,7 +162,7 @@ def test_ints_are_accepted_where_a_number_is_expected() -> None:
 
 
 def test_worker_key_matches_the_record_and_ignores_the_role() -> None:
-    worker = WorkerRecord(component="web", replica=3, role="shadow")
+    worker = WorkerRecord(component="web", replica=3, role=Role.SHADOW)
     assert worker.key == worker_key("web", 3) == "web/3"
     assert msgspec.structs.replace(worker, role="primary").key == worker.key
 
@@ -174,7 +176,7 @@ _device = st.builds(DeviceRecord, gpu_index=st.integers(0, 15), gpu_uuid=_names,
                     compute_pct=st.integers(0, 100), whole=st.booleans())
 
 
-_claims = st.sampled_from([Claim(gpus=1), Claim(gpus=4, colocate="nvlink"), Claim(memory_mib=20480),
+_claims = st.sampled_from([Claim(gpus=1), Claim(gpus=4, colocate=DomainKind.NVLINK), Claim(memory_mib=20480),
                            Claim(memory_mib=1024, compute_pct=10, priority=3), Claim(mig="1g.10gb")])
 
 

@@ -362,7 +362,7 @@ def test_the_next_transaction_sees_exactly_what_a_reload_sees(store: StateStore)
 def test_a_write_by_another_store_is_seen_by_the_next_transaction(store: StateStore) -> None:
     commit(store, populated_doc())
     with StateStore(store.directory).transaction() as doc:
-        doc.groups["web-1"].state = "allocated"
+        doc.groups["web-1"].state = GroupState.ALLOCATED
     with store.transaction() as doc:
         assert doc.generation == 2
         assert doc.groups["web-1"].state == "allocated"

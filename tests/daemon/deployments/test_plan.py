@@ -3,11 +3,16 @@ who uses which group, and every collision refused with both paths."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
+
 import pytest
-import tomllib
 
 from computegroups.daemon.deployments.plan import expand
 from computegroups.daemon.model.deployment import DeploymentError, DeploymentSpec, parse

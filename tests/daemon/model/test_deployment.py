@@ -4,12 +4,17 @@ claims and sharing are immutable; scaling and re-applying keep counts right."""
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
+
 import pytest
-import tomllib
 
 from computegroups.daemon.model.deployment import (
     DeploymentError,
