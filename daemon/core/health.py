@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from computegroups.daemon.model.config import HealthConfig
+from computegroups.daemon.supervision.proctree import owners_of
 from computegroups.topology.telemetry import GpuSample
 
 if TYPE_CHECKING:
@@ -82,29 +81,6 @@ def assess(
     return facts
 
 
-def owners_of(pids: Iterable[int], roots: Mapping[int, str]) -> dict[int, str]:
-    """The worker each of `pids` belongs to: itself, or an ancestor of it
-    (a CUDA process may be a worker's child).
-
-    Only the processes NVML reported are looked at, walking up their parents,
-    so a tick costs nothing per idle worker; the pids owned by no worker are
-    left out (foreign).
-    """
-    out: dict[int, str] = {}
-    for pid in pids:
-        current, hops = pid, 0
-        while current > 1 and current not in roots and hops < _MAX_DEPTH:
-            try:
-                current = psutil.Process(current).ppid()
-            except psutil.Error:
-                break
-            hops += 1
-        if current in roots:
-            out[pid] = roots[current]
-    return out
-
-
-_MAX_DEPTH = 64
 """Deeper process trees than this are not followed: a guard against a pid loop read mid-reuse."""
 
 

@@ -48,6 +48,8 @@ from computegroups.daemon.model.enums import ComponentState, GroupState, Role, S
 from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, NotFound
 from computegroups.daemon.model.refs import ReplicaRef, component_of
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.supervision.processes import start_time
+from computegroups.daemon.supervision.proctree import is_alive
 from computegroups.daemon.supervision.supervisor import Supervisor, WorkerExit, WorkerStart
 from computegroups.daemon.supervision.workerenv import owner_env
 from computegroups.daemon.supervision.worklogs import read_worker_log
@@ -263,7 +265,7 @@ class Manager:
             with self.keeper.transaction() as doc:
                 comp = new_component_records(doc, self.keeper, request, caller)
                 if request.lease:
-                    doc.components[comp.name] = replace(comp, lease_start=_start_time(caller.pid))
+                    doc.components[comp.name] = replace(comp, lease_start=start_time(caller.pid))
             refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
             await self.start_or_undo(refs, before, f"the workers of {request.name!r}")
             return self.component(request.name)
@@ -628,7 +630,7 @@ class Manager:
                 log.info("reservations expired: %s", ", ".join(expired))
             dead = [c for c in self.doc.components.values()
                     if c.lease_pid and c.state != "releasing" and c.name not in self._busy
-                    and not _alive(c.lease_pid, c.lease_start)]
+                    and not is_alive(c.lease_pid, c.lease_start)]
         for record in dead:
             name = record.name
             try:
@@ -722,22 +724,3 @@ def swap_roles(doc: StateDoc, dead_ref: str, partner_ref: str, now: float) -> No
     p = doc.workers[partner_ref]
     doc.workers[partner_ref] = replace(p, role=Role.PRIMARY, promotions=p.promotions + 1, last_promoted_at=now)
     doc.workers[dead_ref] = replace(doc.workers[dead_ref], role=Role.SHADOW, pid=None, create_time=None)
-
-
-def _alive(pid: int, start: float | None) -> bool:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        return start is None or abs(proc.create_time() - start) < 0.01
-    except psutil.Error:
-        return False
-
-
-def _start_time(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None

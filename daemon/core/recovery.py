@@ -13,9 +13,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
-import psutil
 from msgspec.structs import replace
 
 from computegroups.daemon.core.manager import Manager, swap_roles
@@ -23,6 +21,7 @@ from computegroups.daemon.core.transactions import remove_component
 from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
 from computegroups.daemon.model.enums import ComponentState
 from computegroups.daemon.model.refs import component_of
+from computegroups.daemon.supervision.proctree import marked_processes, process_tree
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
 from computegroups.statefiles.store import mark_lost
 
@@ -38,29 +37,12 @@ class RecoveryReport:
 
 
 def instance_processes(instance: str) -> list[tuple[int, float, str]]:
-    """(pid, start time, replica ref) of every process carrying our marker.
-
-    Workers inherit `CG_INSTANCE` and so do their children, so a worker's
-    helpers are found even when the worker itself is gone.
-    """
+    """(pid, start time, replica ref) of every process carrying this cgd's mark."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            raw = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-        if env.get(INSTANCE_VAR.encode()) != instance.encode():
-            continue
-        ref = replica_ref(env.get(b"CG_COMPONENT", b"?").decode(errors="replace"),
-                          int(env.get(b"CG_REPLICA", b"-1") or b"-1"))
-        try:
-            found.append((pid, psutil.Process(pid).create_time(), ref))
-        except psutil.Error:
-            continue
+    for pid, start, env in marked_processes(INSTANCE_VAR, instance):
+        replica = env.get("CG_REPLICA", "")
+        ref = replica_ref(env.get("CG_COMPONENT", "?"), int(replica) if replica.isdigit() else -1)
+        found.append((pid, start, ref))
     return found
 
 
@@ -107,7 +89,7 @@ async def recover(manager: Manager) -> RecoveryReport:
         for ref in adopted:
             _finish_promotion(manager, keeper.doc.workers[ref])
 
-        kept = {p for ref in adopted for p in _family(keeper.doc.workers[ref].pid)}
+        kept = {p for ref in adopted for p in process_tree(keeper.doc.workers[ref].pid)}
         strays = [(pid, start, ref) for pid, start, ref in instance_processes(manager.paths.instance)
                   if pid not in kept and pid != os.getpid()]
         for pid, _, ref in strays:
@@ -159,15 +141,6 @@ def _finish_promotion(manager: Manager, worker: WorkerRecord) -> None:
     if worker.role == "primary" and on_disk == "shadow":
         manager.supervisor.signal(watcher_key(worker.component, worker.replica), manager.config.promotion_signal)
         log.warning("finished promoting %s, cut short by the previous run", worker.key)
-
-
-def _family(pid: int | None) -> set[int]:
-    if pid is None:
-        return set()
-    try:
-        return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
-    except psutil.Error:
-        return {pid}
 
 
 SHUTDOWN_WAIT_S = 30.0

@@ -8,8 +8,9 @@ import sys
 import time
 from typing import Any
 
-from computegroups.daemon.core.health import assess, owners_of
+from computegroups.daemon.core.health import assess
 from computegroups.daemon.model.config import HealthConfig
+from computegroups.daemon.supervision.proctree import owners_of
 from computegroups.topology.telemetry import GpuProcess, GpuSample
 
 

@@ -1,0 +1,88 @@
+"""Reading the process table on the core's behalf: marks, trees, ancestry, liveness.
+
+Only supervision reads or touches processes; the core asks these questions
+(which processes carry this cgd's mark, which worker owns a pid NVML
+reported, is a lease holder still the process it was) and gets plain
+answers back.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import psutil
+
+from computegroups.daemon.supervision.processes import SAME_START_S
+
+MAX_DEPTH = 64
+"""Parents walked up from a GPU process before it is called foreign."""
+
+
+def marked_processes(var: str, value: str) -> list[tuple[int, float, dict[str, str]]]:
+    """(pid, start time, environment) of every process whose environment has `var=value`.
+
+    Workers inherit the mark and so do their children, so a worker's helpers
+    are found even when the worker itself is gone.
+    """
+    found = []
+    want = f"{var}={value}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        items = raw.split(b"\0")
+        if want not in items:
+            continue
+        env = dict(item.decode(errors="replace").split("=", 1) for item in items if b"=" in item)
+        try:
+            found.append((pid, psutil.Process(pid).create_time(), env))
+        except psutil.Error:
+            continue
+    return found
+
+
+def process_tree(pid: int | None) -> set[int]:
+    """`pid` and every descendant of it that is alive now."""
+    if pid is None:
+        return set()
+    try:
+        return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return {pid}
+
+
+def owners_of(pids: Iterable[int], roots: Mapping[int, str]) -> dict[int, str]:
+    """The worker each of `pids` belongs to: itself, or an ancestor of it
+    (a CUDA process may be a worker's child).
+
+    Only the processes NVML reported are looked at, walking up their parents,
+    so a tick costs nothing per idle worker; the pids owned by no worker are
+    left out (foreign).
+    """
+    out: dict[int, str] = {}
+    for pid in pids:
+        current, hops = pid, 0
+        while current > 1 and current not in roots and hops < MAX_DEPTH:
+            try:
+                current = psutil.Process(current).ppid()
+            except psutil.Error:
+                break
+            hops += 1
+        if current in roots:
+            out[pid] = roots[current]
+    return out
+
+
+def is_alive(pid: int, start: float | None) -> bool:
+    """Whether `pid` runs and, when `start` is known, is still the process that started then."""
+    try:
+        proc = psutil.Process(pid)
+        return start is None or abs(proc.create_time() - start) < SAME_START_S
+    except psutil.Error:
+        return False
