@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from msgspec.structs import replace
 
-from computegroups.daemon.core.manager import Manager, swap_roles
+from computegroups.daemon.core.events import swap_roles
+from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.transactions import remove_component
 from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
 from computegroups.daemon.model.enums import ComponentState

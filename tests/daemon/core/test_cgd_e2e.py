@@ -69,7 +69,7 @@ def web_with_shadow(cgd: Cgd, claim: dict | None = None, promotable: bool = True
     """Component `web` and its shadow `web-standby`, both serving: (primary pid, shadow pid, shadow's log).
 
     `promotable` waits until cgd would promote the shadow: its signal handler
-    is in place and it has run for a second (computegroups.daemon.core.manager.PROMOTION_MIN_UPTIME_S).
+    is in place and it has run for a second (computegroups.daemon.core.events.PROMOTION_MIN_UPTIME_S).
     """
     allocate(cgd, {"name": "web", "claim": claim or {"gpus": 1}, "command": worker_cmd()})
     allocate(cgd, {"name": "web-standby", "shadow_of": "web", "command": worker_cmd()})
@@ -213,7 +213,7 @@ def test_shadow_promotion(cgd: Cgd) -> None:
     # The shadow must have installed its SIGUSR1 handler before it can be promoted.
     shadow_log = cgd.log_dir / "web-standby" / "0.out"
     wait_for(lambda: shadow_log.exists() and "started shadow" in shadow_log.read_text())
-    # cgd promotes only a shadow that has run for a second (computegroups.daemon.core.manager.PROMOTION_MIN_UPTIME_S).
+    # cgd promotes only a shadow that has run for a second (computegroups.daemon.core.events.PROMOTION_MIN_UPTIME_S).
     wait_for(lambda: time.time() - psutil.Process(shadow).create_time() >= 1.1)
     os.kill(primary, signal.SIGKILL)
     wait_for(lambda: role_file.read_text().strip() == "primary", timeout=5)

@@ -1,0 +1,214 @@
+"""The state every part of the manager shares, and the steps they all take.
+
+Starting and stopping workers, and the busy marks that keep two operations
+off one component while its workers stop outside the lock.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from msgspec.structs import replace
+
+from computegroups.daemon.core.transactions import (
+    StateKeeper,
+    component_or_404,
+    dependents,
+    remove_component,
+)
+from computegroups.daemon.core.views import component_view
+from computegroups.daemon.core.workers import (
+    WorkerPaths,
+    build_spec,
+    watcher_key,
+    write_role,
+)
+from computegroups.daemon.model.enums import ComponentState
+from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
+from computegroups.daemon.model.refs import component_of
+from computegroups.daemon.supervision.supervisor import Supervisor
+from computegroups.statefiles.schema import StateDoc
+
+log = logging.getLogger("cgd.manager")
+
+
+class ManagerBase:
+    def __init__(self, keeper: StateKeeper, supervisor: Supervisor, paths: WorkerPaths) -> None:
+        self.keeper = keeper
+        self.supervisor = supervisor
+        self.paths = paths
+        self.config = keeper.config
+        self.replica_states: dict[str, str] = {}
+        self._stopping: set[str] = set()
+        self._busy: dict[str, str] = {}
+        """Components whose workers are being stopped outside the lock, and why.
+
+        Stopping can take a worker's whole grace period; the lock is not held
+        for it, so other users are not stalled, and these names are refused
+        to any other change until the operation that stops them commits."""
+        self._tasks: set[asyncio.Task] = set()
+        self._adhoc = 0
+
+    @property
+    def doc(self) -> StateDoc:
+        return self.keeper.doc
+
+    async def start_workers(self, refs: list[str]) -> None:
+        """Start workers the state already asks for, then record their pids."""
+        started = {}
+        for ref in refs:
+            w = self.doc.workers[ref]
+            comp = self.doc.components[w.component]
+            write_role(self.paths, comp.name, w.replica, w.role, comp.owner_uid, comp.owner_gid)
+            spec = build_spec(self.doc, comp, w.replica, w.role, self.paths, self.config)
+            started[ref] = await self.supervisor.start_worker(spec)
+            self.replica_states[ref] = "running"
+        with self.keeper.transaction() as doc:
+            for ref, ev in started.items():
+                if ref in doc.workers:
+                    doc.workers[ref] = replace(doc.workers[ref], pid=ev.pid, create_time=ev.create_time)
+            for name in {doc.workers[ref].component for ref in started if ref in doc.workers}:
+                failed = doc.components.get(name)
+                if failed is not None and failed.state == ComponentState.FAILED and all(
+                        w.pid for w in doc.workers.values() if w.component == name):
+                    doc.components[name] = replace(failed, state=ComponentState.RUNNING)
+
+    async def stop_workers(self, refs: list[str]) -> None:
+        """Stop workers all at once: each may take its whole grace period."""
+        keys = []
+        for ref in refs:
+            w = self.doc.workers.get(ref)
+            if w is None:
+                continue
+            key = watcher_key(w.component, w.replica)
+            self._stopping.add(key)
+            keys.append((ref, key, w))
+
+        async def stop(ref: str, key: str, w) -> None:
+            if self.supervisor.is_running(key) or self.supervisor.supervises(key):
+                await self.supervisor.stop_worker(key)
+            elif w.pid and w.create_time:
+                await self.supervisor.stop_stray(w.pid, w.create_time, 10.0)
+            self.replica_states.pop(ref, None)
+
+        try:
+            results = await asyncio.gather(*(stop(ref, key, w) for ref, key, w in keys), return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                raise failures[0]
+        finally:
+            for _, key, _ in keys:
+                self._stopping.discard(key)
+
+    async def start_or_undo(self, refs: list[str], before: StateDoc, what: str) -> None:
+        """Start the workers a change just committed, or put the state back as it was before it.
+
+        Putting back the earlier document (not releasing what was added)
+        matters when the change took over a reservation: a failed start must
+        leave the reservation held, not consume it. The lock is held since
+        `before` was read, so nothing else changed in between.
+        """
+        try:
+            await self.start_workers(refs)
+        except Exception as exc:
+            log.error("starting %s failed: %s; undoing the change", what, exc)
+            await self.stop_workers(refs)
+            self.keeper.restore(before)
+            for ref in refs:
+                self.replica_states.pop(ref, None)
+            raise BadRequest(f"could not start {what}: {exc}") from None
+
+    def mark_busy(self, names: list[str], why: str) -> None:
+        """Claim components for an operation that stops their workers outside the lock."""
+        self.check_idle(*names)
+        for name in names:
+            self._busy[name] = why
+
+    def busy_components(self) -> dict[str, str]:
+        return dict(self._busy)
+
+    def clear_busy(self, names: list[str]) -> None:
+        for name in names:
+            self._busy.pop(name, None)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait for the operations stopping workers outside the lock to commit; False if some are left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._busy and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return not self._busy
+
+    def check_idle(self, *names: str | None) -> None:
+        """Refuse a change to a component another operation is still stopping workers of."""
+        for name in names:
+            if name is not None and name in self._busy:
+                raise Conflict(f"component {name!r} is {self._busy[name]}: try again once that is done")
+
+    def check_groups_idle(self, name: str | None) -> None:
+        """Refuse to attach to `name`'s groups while the component owning one of them is busy:
+        a scale-in meanwhile would pull that group from under the new user."""
+        if name is None:
+            return
+        owners = {g.owner for g in self.doc.groups.values() if any(component_of(u) == name for u in g.users)}
+        self.check_idle(name, *sorted(owners))
+
+    def _begin_release(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """Under the lock: mark the components and their shadows releasing, durably.
+
+        From here on their exits restart nothing and nobody can attach to
+        them; if cgd dies before `_finish_release`, recovery finishes it.
+        """
+        doc = self.doc
+        closure: list[str] = []
+        for name in names:
+            for member in (name, *dependents(doc, name)[0]):
+                if member not in closure:
+                    closure.append(member)
+        self.check_idle(*closure)
+        for name in closure:
+            sharers = [s for s in dependents(doc, name)[1] if s not in closure]
+            if sharers:
+                raise Conflict(f"component {sharers[0]!r} shares the groups of {name!r}: release it first")
+        if closure:
+            with self.keeper.transaction() as doc:
+                for name in closure:
+                    doc.components[name] = replace(doc.components[name], state=ComponentState.RELEASING)
+        self.mark_busy(closure, "being released")
+        return closure, [ref for ref, w in self.doc.workers.items() if w.component in closure]
+
+    async def _finish_release(self, closure: list[str], refs: list[str]) -> dict[str, Any]:
+        """Without the lock: stop the workers; then, under it, free the groups."""
+        try:
+            await self.stop_workers(refs)
+            freed: list[str] = []
+            async with self.keeper.lock:
+                present = [n for n in closure if n in self.doc.components]
+                if present:
+                    with self.keeper.transaction() as doc:
+                        for name in sorted(present, key=lambda n: doc.components[n].shadow_of is None):
+                            freed.extend(remove_component(doc, self.keeper, name, set(present)))
+        finally:
+            self.clear_busy(closure)
+        return {"released": closure, "groups": sorted(freed)}
+
+    def group_record(self, gid: str):
+        g = self.doc.groups.get(gid)
+        if g is None:
+            raise NotFound(f"no group {gid!r}: `cgctl list` shows the groups in use")
+        return g
+
+    def component(self, name: str) -> dict[str, Any]:
+        comp = component_or_404(self.doc, name)
+        return component_view(self.doc, comp, self._pids(), self.config.device_naming, self.replica_states)
+
+    def _pids(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for ref, w in self.doc.workers.items():
+            live = self.supervisor.pids(watcher_key(w.component, w.replica))
+            if live:
+                out[ref] = live
+            elif w.pid:
+                out[ref] = [w.pid]
+        return out

@@ -1,0 +1,159 @@
+"""Component operations: allocate, release, scale and restart, each one transaction then its processes.
+
+A part of `Manager` (see manager.py): every method runs on the manager's
+state keeper and supervisor, and decides under its lock.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from msgspec.structs import replace
+
+from computegroups.daemon.core.base import ManagerBase, log
+from computegroups.daemon.core.transactions import (
+    Caller,
+    check_owner,
+    check_scale_in,
+    component_or_404,
+    dependents,
+    new_component_records,
+    scale_component,
+)
+from computegroups.daemon.core.workers import (
+    replica_ref,
+    watcher_key,
+)
+from computegroups.daemon.model.enums import ComponentState
+from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
+from computegroups.daemon.model.requests import ComponentRequest
+from computegroups.daemon.supervision.processes import start_time
+from computegroups.daemon.supervision.workerenv import owner_env
+
+
+class Components(ManagerBase):
+    async def allocate(self, caller: Caller, request: ComponentRequest) -> dict[str, Any]:
+        if request.cwd is not None and not os.path.isdir(request.cwd):
+            raise BadRequest(f"cwd: {request.cwd} is not a directory")
+        if request.command:
+            try:
+                owner_env(caller.uid, caller.gid)
+            except ValueError as exc:
+                raise BadRequest(f"cannot run workers for the caller: {exc}") from None
+        async with self.keeper.lock:
+            self.check_idle(request.name)
+            self.check_groups_idle(request.shadow_of or request.share_with)
+            before = self.doc
+            with self.keeper.transaction() as doc:
+                comp = new_component_records(doc, self.keeper, request, caller)
+                if request.lease:
+                    doc.components[comp.name] = replace(comp, lease_start=start_time(caller.pid))
+            refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
+            await self.start_or_undo(refs, before, f"the workers of {request.name!r}")
+            return self.component(request.name)
+
+    async def release(self, caller: Caller, name: str) -> dict[str, Any]:
+        async with self.keeper.lock:
+            self.check_idle(name)
+            comp = self.doc.components.get(name)
+            if comp is None or comp.state != "releasing":  # a release whose stop failed may be retried
+                comp = component_or_404(self.doc, name)
+            check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if comp.deployment:
+                raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
+            closure, refs = self._begin_release([name])
+        return await self._finish_release(closure, refs)
+
+    async def release_all(self, caller: Caller) -> dict[str, Any]:
+        async with self.keeper.lock:
+            mine = [c.name for c in self.doc.components.values()
+                    if c.owner_uid == caller.uid and c.state != "releasing" and not c.deployment
+                    and c.name not in self._busy]
+            closure, refs = self._begin_release(mine)
+        return await self._finish_release(closure, refs)
+
+    async def scale(self, caller: Caller, name: str, replicas: int) -> dict[str, Any]:
+        async with self.keeper.lock:
+            comp = component_or_404(self.doc, name)
+            check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if comp.shadow_of:
+                raise BadRequest(f"{name!r} is a shadow of {comp.shadow_of!r}: scale the primary")
+            if comp.deployment:
+                raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: scale it there")
+            if comp.state == "releasing":
+                raise Conflict(f"component {name!r} is being released")
+            shadows, _ = dependents(self.doc, name)
+            members = (name, *shadows)
+            self.check_idle(*members)
+            self.check_groups_idle(comp.spec.share_with)
+            old = comp.replicas
+            if replicas >= old:
+                before = self.doc
+                with self.keeper.transaction() as doc:
+                    scale_component(doc, self.keeper, doc.components[name], replicas)
+                fresh = [replica_ref(n, i) for n in members for i in range(old, replicas)]
+                await self.start_or_undo([r for r in fresh if r in self.doc.workers], before,
+                                          f"the new replicas of {name!r}")
+                return self.component(name)
+            check_scale_in(self.doc, comp, replicas)
+            gone = [replica_ref(n, i) for n in members for i in range(replicas, old)]
+            self.mark_busy(list(members), "being scaled in")
+        try:
+            await self.stop_workers(gone)
+            async with self.keeper.lock:
+                try:
+                    with self.keeper.transaction() as doc:
+                        scale_component(doc, self.keeper, doc.components[name], replicas)
+                except BaseException:
+                    await self.start_workers([r for r in gone if r in self.doc.workers])
+                    raise
+                return self.component(name)
+        finally:
+            self.clear_busy(list(members))
+
+    async def restart(self, caller: Caller, name: str, replica: int | None) -> dict[str, Any]:
+        """Stop and start a component's workers (one replica, or all) with the same groups and role.
+
+        The way back for a replica that used up its restarts (`failed`), or
+        for a worker that should reread its files. Its shadow is not promoted:
+        this is not a death.
+        """
+        async with self.keeper.lock:
+            comp = component_or_404(self.doc, name)
+            check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if not comp.spec.command:
+                raise BadRequest(f"{name!r} runs no command: there is nothing to restart")
+            if comp.state == "lost":
+                raise Conflict(f"component {name!r} is lost: its GPUs are gone; release it")
+            if replica is not None and not 0 <= replica < comp.replicas:
+                raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
+            self.mark_busy([name], "being restarted")
+            indices = range(comp.replicas) if replica is None else [replica]
+            refs = [r for r in (replica_ref(name, i) for i in indices) if r in self.doc.workers]
+        try:
+            await self.stop_workers(refs)
+            async with self.keeper.lock:
+                with self.keeper.transaction() as doc:
+                    for ref in refs:
+                        doc.workers[ref] = replace(doc.workers[ref], pid=None, create_time=None)
+                try:
+                    await self.start_workers(refs)
+                except Exception as exc:
+                    self._mark_failed(name, refs)
+                    raise BadRequest(f"could not start the workers of {name!r} again: {exc}") from None
+                log.info("restarted %s at the request of uid %d", ", ".join(refs), caller.uid)
+                return self.component(name)
+        finally:
+            self.clear_busy([name])
+
+    def _mark_failed(self, name: str, refs: list[str]) -> None:
+        """After a start that failed part-way: what did not start is failed, and so is the component."""
+        for ref in refs:
+            w = self.doc.workers[ref]
+            if self.supervisor.is_running(watcher_key(w.component, w.replica)):
+                continue
+            self.replica_states[ref] = "failed"
+        with self.keeper.transaction() as doc:
+            if name in doc.components:
+                doc.components[name] = replace(doc.components[name], state=ComponentState.FAILED)

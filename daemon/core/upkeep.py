@@ -1,0 +1,102 @@
+"""Upkeep: what health checks and expired leases and reservations change in the state.
+
+A part of `Manager` (see manager.py): every method runs on the manager's
+state keeper and supervisor, and decides under its lock.
+"""
+
+from __future__ import annotations
+
+from msgspec.structs import replace
+
+from computegroups.daemon.core.base import ManagerBase, log
+from computegroups.daemon.core.transactions import release_reservation
+from computegroups.daemon.core.workers import (
+    groups_by_replica,
+    visible_devices,
+    watcher_key,
+)
+from computegroups.daemon.model.enums import ComponentState, GroupState
+from computegroups.daemon.model.errors import Conflict
+from computegroups.daemon.model.refs import ReplicaRef, component_of
+from computegroups.daemon.supervision.proctree import is_alive
+
+
+class Upkeep(ManagerBase):
+    def worker_pids_and_shares(self) -> tuple[dict[int, str], dict[tuple[str, int], int]]:
+        roots: dict[int, str] = {}
+        for ref, pids in self._pids().items():
+            for pid in pids:
+                roots[pid] = ref
+        shares = {
+            (ref, d.gpu_index): d.memory_mib
+            for ref, groups in groups_by_replica(self.doc).items()
+            for d in visible_devices(groups) if not d.whole
+        }
+        return roots, shares
+
+    async def apply_health(self, facts) -> None:
+        """Drain GPUs that failed, mark their groups degraded, account foreign memory."""
+        foreign = {i: sum(p["used_memory_mib"] or 0 for p in f.foreign) for i, f in facts.items()}
+        self.keeper.foreign = foreign
+        self.keeper.allocator.set_foreign(foreign)
+        failed = {i for i, f in facts.items() if f.health != "ok"}
+        async with self.keeper.lock:
+            self.keeper.unhealthy = failed
+            self.keeper.allocator.set_unavailable(self.keeper.unavailable_gpus(self.doc))
+            uuids = {self.keeper.machine.gpu(i).uuid for i in failed}
+            newly = uuids - set(self.doc.drained)
+            hit = [g.id for g in self.doc.groups.values()
+                   if g.state in ("allocated", "draining") and any(d.gpu_uuid in uuids for d in g.devices)]
+            if newly or hit:
+                for i in sorted(failed):
+                    log.error("GPU %d failed: %s; draining it", i, "; ".join(facts[i].reasons))
+                with self.keeper.transaction() as doc:
+                    doc.drained = tuple(sorted(set(doc.drained) | uuids))
+                    for gid in hit:
+                        doc.groups[gid] = replace(doc.groups[gid], state=GroupState.DEGRADED)
+                    for name in {component_of(u) for gid in hit for u in doc.groups[gid].users}:
+                        if name in doc.components and doc.components[name].state != "releasing":
+                            doc.components[name] = replace(doc.components[name], state=ComponentState.DEGRADED)
+        for i, f in facts.items():
+            for over in f.over_share:
+                log.warning("worker %s uses %d MiB on GPU %d, over its share of %d MiB",
+                            over["replica"], over["used_memory_mib"], i, over["share_mib"])
+                if self.config.share_enforcement == "stop":
+                    over_ref = ReplicaRef.parse(over["replica"])
+                    key = watcher_key(over_ref.component, over_ref.replica)
+                    if self.supervisor.is_running(key):
+                        self._stopping.add(key)
+                        try:
+                            await self.supervisor.stop_worker(key)
+                        finally:
+                            self._stopping.discard(key)
+                        self.replica_states[over["replica"]] = "stopped-over-share"
+
+    async def expire(self) -> None:
+        """Release reservations past their time and leases whose client died.
+
+        Each is handled on its own: one that cannot be released now (a lease
+        someone still shares) must not hold back the others.
+        """
+        now = self.keeper.clock()
+        async with self.keeper.lock:
+            expired = [r.name for r in self.doc.reservations.values() if r.expires_at <= now]
+            if expired:
+                with self.keeper.transaction() as doc:
+                    for name in expired:
+                        release_reservation(doc, name)
+                log.info("reservations expired: %s", ", ".join(expired))
+            dead = [c for c in self.doc.components.values()
+                    if c.lease_pid and c.state != "releasing" and c.name not in self._busy
+                    and not is_alive(c.lease_pid, c.lease_start)]
+        for record in dead:
+            name = record.name
+            try:
+                async with self.keeper.lock:
+                    if self.doc.components.get(name) != record or name in self._busy:
+                        continue  # released, or another component of that name, since the list was made
+                    closure, refs = self._begin_release([name])
+                await self._finish_release(closure, refs)
+                log.warning("released %s: the client that held its lease is gone", name)
+            except Conflict as exc:
+                log.warning("lease of %s ended but it cannot be released yet: %s", name, exc)
