@@ -18,7 +18,8 @@ import filelock
 
 from computegroups.daemon import sdnotify
 from computegroups.daemon.api.deployments import deployment_routes
-from computegroups.daemon.api.server import CgdApp, listen
+from computegroups.daemon.api.listener import listen
+from computegroups.daemon.api.server import CgdApp
 from computegroups.daemon.core.health import HealthMonitor
 from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.recovery import recover, shutdown

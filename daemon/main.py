@@ -85,7 +85,7 @@ def setup_logging(verbose: bool) -> None:
 @click.version_option(package_name="computegroups", prog_name="cgd")
 def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, keep_workers, verbose) -> None:
     """Run the computegroups daemon in the foreground."""
-    from computegroups.daemon.api.server import SocketInUse, refuse_live_socket
+    from computegroups.daemon.api.listener import SocketInUse, refuse_live_socket
     from computegroups.daemon.lifecycle import Options, StartupError
     from computegroups.statefiles.paths import default_state_dir
 

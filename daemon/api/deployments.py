@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from computegroups.daemon.api.server import ApiHandler
+from computegroups.daemon.api.handlers import ApiHandler
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.deployment import ApplyRequest, DeploymentScaleRequest
 from computegroups.daemon.model.requests import check_name

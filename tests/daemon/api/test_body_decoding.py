@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from computegroups.daemon.api.server import duplicate_key, not_json
+from computegroups.daemon.api.body import duplicate_key, not_json
 from computegroups.daemon.model.decoding import ModelError, decode_json
 from computegroups.daemon.model.requests import ComponentRequest, ScaleRequest
 

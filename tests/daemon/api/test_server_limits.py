@@ -25,7 +25,7 @@ import psutil
 import pytest
 import tornado.web
 
-from computegroups.daemon.api.server import MAX_CONNECTIONS_PER_UID, CgdHTTPServer
+from computegroups.daemon.api.listener import MAX_CONNECTIONS_PER_UID, CgdHTTPServer
 from tests.daemon_fixture import Cgd
 
 pytestmark = pytest.mark.slow
