@@ -92,6 +92,19 @@ def test_allocate_list_env_release(cgd: Cgd) -> None:
     assert "nothing allocated" in ok(cgd, "list")
 
 
+def test_affinity_and_anti_affinity_see_a_component_allocated_a_moment_ago(cgd: Cgd) -> None:
+    """The second command places against the first one's group at once, not after a restart."""
+
+    def gpus(doc: dict[str, Any]) -> set[int]:
+        return {d["index"] for r in doc["replicas"] for d in r["devices"]}
+
+    db = gpus(ok_json(cgd, "allocate", "db", "--memory", "1GiB", "--strategy", "spread"))
+    assert gpus(ok_json(cgd, "allocate", "cache", "--memory", "1GiB", "--strategy", "spread",
+                        "--affinity", "db")) == db
+    assert not gpus(ok_json(cgd, "allocate", "other", "--memory", "1GiB", "--strategy", "binpack",
+                            "--anti-affinity", "db")) & db
+
+
 @pytest.mark.parametrize("size, mib", [("20GiB", 20480), ("512MiB", 512), ("20G", 20480)])
 def test_shares_take_the_sizes_people_write(cgd: Cgd, size: str, mib: int) -> None:
     doc = ok_json(cgd, "allocate", "part", "--memory", size, "--compute", "30")
