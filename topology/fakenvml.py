@@ -26,12 +26,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from computegroups.topology import nvml
-from computegroups.topology.machinefile import (
-    GpuSpec,
-    MachineFileError,
-    MachineSpec,
-    load_machine_spec,
-)
+from computegroups.topology.machinefile import load_machine_spec
+from computegroups.topology.machinespec import GpuSpec, MachineFileError, MachineSpec
 from computegroups.topology.simfaults import FaultSource
 
 _nv = nvml.real_binding()
