@@ -100,3 +100,28 @@ def test_every_module_has_a_layer() -> None:
             if layer_of(module_name(p)) is None and not under(module_name(p), CLIENT + CLI)
             and module_name(p) not in ("computegroups", "computegroups.daemon")]
     assert not lost, f"modules in no layer of docs/architecture.md: {lost}"
+
+
+GATEWAYS = {
+    "pynvml": ("topology/nvml.py",),
+    "circus": ("daemon/supervision/",),
+    "psutil": ("daemon/supervision/", "statefiles/store.py"),
+}
+"""Who may import the libraries that reach the driver and the processes: NVML through one
+gateway, processes through supervision (and the state store, which names a stale lock's holder)."""
+
+
+@pytest.mark.parametrize("library", sorted(GATEWAYS))
+def test_only_the_gateway_imports_the_driver_and_process_libraries(library: str) -> None:
+    allowed = GATEWAYS[library]
+    offenders = []
+    for path in MODULES:
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith(allowed):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == library or n.startswith(library + ".") for n in names):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, f"{library} imported outside {allowed}: {offenders}"
