@@ -1,13 +1,17 @@
-"""`cgctl topo`: the GPUs and how they are wired, without a daemon.
+"""`cgctl topo`: the GPUs and how they are wired.
 
-Reads the machine straight from NVML (or a simulated machine) so it works
-before cgd is installed, which is when people most want to see their box.
-The matrix follows `nvidia-smi topo -m` so it reads the way they know.
+It shows the machine the running cgd serves (`GET /v1/machine`), so on a box
+without GPUs and a cgd on a simulated machine it shows that machine. With no
+cgd answering (or `--local`, or `--simulate`), it reads NVML or the simulated
+machine itself, so it works before cgd is installed, which is when people
+most want to see their box. The matrix follows `nvidia-smi topo -m` so it
+reads the way they know.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -29,20 +33,39 @@ LEGEND = (
 
 
 @click.command()
+@click.option("--local", is_flag=True, help="Read NVML here even when a cgd answers on the socket.")
 @click.pass_obj
-def topo(obj: CliContext) -> None:
+def topo(obj: CliContext, local: bool) -> None:
     """Show GPUs, NVLink/PCIe links, NVLink islands and NUMA affinity."""
     from computegroups.topology import MachineFileError, NvmlUnavailable, load_machine
     from computegroups.topology.serialize import machine_to_dict
 
-    try:
-        machine = load_machine(obj.simulate)
-    except (NvmlUnavailable, MachineFileError) as err:
-        fail(str(err))
+    machine = None
+    if not (local or obj.simulate or os.environ.get("CG_SIMULATE")):
+        machine = _served(obj.socket)
+    if machine is None:
+        try:
+            machine = load_machine(obj.simulate)
+        except (NvmlUnavailable, MachineFileError) as err:
+            fail(str(err))
     if obj.json:
         click.echo(json.dumps(machine_to_dict(machine), indent=2))
     else:
         click.echo("\n".join(topo_text(machine)))
+
+
+def _served(socket: str | None) -> Machine | None:
+    """The machine the cgd on `socket` serves; None when no cgd answers there."""
+    from computegroups.daemon.client.errors import CgdError, CgdUnreachable
+    from computegroups.daemon.client.sync import CgdClient
+    from computegroups.topology.serialize import machine_from_dict
+
+    try:
+        return machine_from_dict(CgdClient(socket, timeout=5).machine())
+    except CgdUnreachable:
+        return None
+    except CgdError as err:
+        fail(str(err))
 
 
 def topo_text(machine: Machine) -> list[str]:

@@ -304,3 +304,13 @@ def test_someone_elses_component_is_refused(shared_cgd: Cgd) -> None:
         assert result.returncode == 1, (args, result.stdout, result.stderr)
         assert result.stderr.startswith("cgctl: error: ") and "belongs to" in result.stderr, result.stderr
     assert "mine" in components(shared_cgd)
+
+
+def test_topo_shows_the_machine_the_running_cgd_serves(cgd: Cgd) -> None:
+    """No driver here and no --simulate: cgctl asks cgd, which serves a simulated dgx-h100."""
+    served = ok_json(cgd, "topo")
+    assert served["source"] == "simulated:dgx-h100" and len(served["gpus"]) == 8
+    assert ok(cgd, "topo").splitlines()[0].startswith("dgx-h100-sim (simulated:dgx-h100)")
+    local = cgd.cgctl("topo", "--local", env={"CG_SIMULATE": "workstation-4x-pcie"})
+    assert local.returncode == 0 and "simulated:workstation-4x-pcie" in local.stdout
+

@@ -116,7 +116,7 @@ def test_bad_machine_file_names_file_and_field(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(nvml_present(), reason="this box has an NVIDIA driver")
 def test_without_nvml_the_error_suggests_simulate() -> None:
-    result = cgctl("topo", env={"CG_SIMULATE": ""})
+    result = cgctl("topo", env={"CG_SIMULATE": "", "CG_SOCKET": "/nonexistent/cgd.sock"})
     assert result.exit_code == 1
     assert result.stderr.startswith("cgctl: error: NVML is not available")
     assert "--simulate NAME" in result.stderr and "dgx-h100" in result.stderr
