@@ -103,32 +103,42 @@ class StateKeeper:
         Plans are the deployments layer's business: it installs this when it
         is set up, so the core never reads a deployment file."""
         self.allocator = Allocator(machine, config.allocator)
+        self._present = frozenset(g.uuid for g in machine.gpus)
+        self._basis: dict[str, GroupRecord] = {}
+        """A copy of each group record as the ledger last followed it: only groups
+        that differ from it (a cheap comparison of Structs) are derived again."""
         self._followed = -1
         """The generation of the document the ledger was last brought in line with."""
         self._follow(self.doc)
 
     def _follow(self, doc: StateDoc) -> None:
-        self.allocator.follow(self._holdings(doc))
+        groups, basis = doc.groups, self._basis
+        changes: dict[str, Holding | None] = {}
+        for gid in (basis.keys() | self.allocator.held_ids()) - groups.keys():
+            changes[gid] = None  # gone from the document, or placed and never recorded
+            basis.pop(gid, None)
+        for gid, g in groups.items():
+            if basis.get(gid) != g:
+                changes[gid] = self._holding(g)
+                basis[gid] = replace(g, devices=tuple(replace(d) for d in g.devices))
+        self.allocator.update(changes)
         self.allocator.set_unavailable(self.unavailable_gpus(doc))
         self.allocator.set_foreign(self.foreign)
         self._followed = doc.generation
 
-    def _holdings(self, doc: StateDoc) -> dict[str, Holding]:
-        present = {g.uuid for g in self.machine.gpus}
-        out = {}
-        for g in doc.groups.values():
-            if g.state == "lost" or any(d.gpu_uuid not in present for d in g.devices):
-                continue
-            out[g.id] = Holding(
-                group_id=g.id,
-                devices=tuple(device_share(d) for d in g.devices),
-                owner=g.owner,
-                users=frozenset(component_of(u) for u in g.users),
-                exclusive_domain=frozenset(g.exclusive_domain) if g.exclusive_domain else None,
-                priority=g.priority,
-                reserved=g.state == "reserved",
-            )
-        return out
+    def _holding(self, g: GroupRecord) -> Holding | None:
+        """What a group holds of the machine; None when it holds nothing here (lost, or its GPU is gone)."""
+        if g.state == GroupState.LOST or any(d.gpu_uuid not in self._present for d in g.devices):
+            return None
+        return Holding(
+            group_id=g.id,
+            devices=tuple(device_share(d) for d in g.devices),
+            owner=g.owner,
+            users=frozenset(component_of(u) for u in g.users),
+            exclusive_domain=frozenset(g.exclusive_domain) if g.exclusive_domain else None,
+            priority=g.priority,
+            reserved=g.state == GroupState.RESERVED,
+        )
 
     def unavailable_gpus(self, doc: StateDoc) -> set[int]:
         by_uuid = {g.uuid: g.index for g in self.machine.gpus}

@@ -8,7 +8,7 @@ the rules are in `docs/placement.md`; the parts live in `daemon/placement/`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, KeysView, Mapping, Sequence
 from dataclasses import replace
 
 from msgspec import structs
@@ -95,15 +95,28 @@ class Allocator:
         process's commit) is seen by the next decision. Input past capacity
         (the machine changed under the record) is counted, not refused.
         """
+        gone: dict[str, Holding | None] = {gid: None for gid in self.ledger.holdings.keys() - holdings.keys()}
+        self.update({**gone, **holdings})
+
+    def update(self, changes: Mapping[str, Holding | None]) -> None:
+        """Hold each changed group as given from now on (None: not at all); the others stay as they are.
+
+        `follow` for a caller that knows what changed since the last call, so
+        a decision on a large state does not pay for the groups nobody touched.
+        """
         ledger = self.ledger
-        for gid in [gid for gid in ledger.holdings if gid not in holdings]:
-            ledger.remove(gid)
-        for gid, h in holdings.items():
+        for gid, h in changes.items():
             have = ledger.holdings.get(gid)
-            if have != h:
-                if have is not None:
-                    ledger.remove(gid)
+            if have == h:
+                continue
+            if have is not None:
+                ledger.remove(gid)
+            if h is not None:
                 ledger.add(h)
+
+    def held_ids(self) -> KeysView[str]:
+        """The ids of the groups held now (a live view)."""
+        return self.ledger.holdings.keys()
 
     def holdings(self) -> tuple[Holding, ...]:
         return tuple(self.ledger.holdings[gid] for gid in sorted(self.ledger.holdings))
