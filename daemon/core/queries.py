@@ -14,7 +14,7 @@ from computegroups.daemon.core.transactions import (
     check_owner,
     component_or_404,
 )
-from computegroups.daemon.core.views import component_view, group_view, reservation_view
+from computegroups.daemon.core.views import component_view, group_view, reservation_view, user_name
 from computegroups.daemon.core.workers import (
     build_env,
     replica_ref,
@@ -51,18 +51,25 @@ class Queries(ManagerBase):
         return out
 
     def env(self, caller: Caller, name: str, replica: int) -> dict[str, str]:
+        """What selects a replica's devices and describes its group (`CUDA_*`, `CG_*`).
+
+        Meant for `eval "$(cgctl env NAME)"` in the asker's own shell: the
+        worker's PATH, HOME, USER and LANG are its own and must not replace
+        the shell's.
+        """
         comp = component_or_404(self.doc, name)
         check_owner(caller, comp.owner_uid, f"component {name!r}")
         if not 0 <= replica < comp.replicas:
             raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
         worker = self.doc.workers.get(replica_ref(name, replica))
         role = worker.role if worker else (Role.SHADOW if comp.shadow_of else Role.PRIMARY)
-        return build_env(self.doc, comp, replica, role, self.paths, self.config)
+        env = build_env(self.doc, comp, replica, role, self.paths, self.config)
+        return {k: v for k, v in env.items() if k.startswith(("CUDA_", "CG_"))}
 
     def owned_component(self, caller: Caller, name: str, replica: int):
         comp = component_or_404(self.doc, name)
         if not caller.is_root and caller.uid != comp.owner_uid:
-            raise Forbidden(f"component {name!r} belongs to uid {comp.owner_uid}; its logs are its owner's")
+            raise Forbidden(f"component {name!r} belongs to {user_name(comp.owner_uid)}; its logs are its owner's")
         if not 0 <= replica < max(comp.replicas, 1):
             raise NotFound(f"{name!r} has no replica {replica}")
         return comp

@@ -20,6 +20,7 @@ import msgspec
 from msgspec.structs import replace
 
 from computegroups.daemon.core.consistency import check_consistent
+from computegroups.daemon.core.views import user_name
 from computegroups.daemon.core.workers import replica_groups, replica_ref
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.config import DaemonConfig
@@ -223,7 +224,7 @@ def group_record(
 
 def check_owner(caller: Caller, uid: int, what: str) -> None:
     if not caller.is_root and caller.uid != uid:
-        raise Forbidden(f"{what} belongs to uid {uid}; only its owner or root may change it")
+        raise Forbidden(f"{what} belongs to {user_name(uid)}; only its owner or root may change it")
 
 
 def component_or_404(doc: StateDoc, name: str) -> ComponentRecord:

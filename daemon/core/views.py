@@ -15,14 +15,19 @@ from computegroups.statefiles.schema import ComponentRecord, GroupRecord, Reserv
 from computegroups.topology.model import Machine
 
 
-def owner_view(uid: int, gid: int) -> dict[str, Any]:
+def user_name(uid: int) -> str:
+    """A person's login for messages on a shared box ("belongs to alice"); the uid when it has none."""
     import pwd
 
     try:
-        user = pwd.getpwuid(uid).pw_name
+        return pwd.getpwuid(uid).pw_name
     except KeyError:
-        user = str(uid)
-    return {"uid": uid, "gid": gid, "user": user}
+        return f"uid {uid}"
+
+
+def owner_view(uid: int, gid: int) -> dict[str, Any]:
+    name = user_name(uid)
+    return {"uid": uid, "gid": gid, "user": name if not name.startswith("uid ") else str(uid)}
 
 
 def device_view(dev) -> dict[str, Any]:

@@ -86,6 +86,7 @@ def test_allocate_list_env_release(cgd: Cgd) -> None:
     exports = ok(cgd, "env", "web").splitlines()
     assert f"export CUDA_VISIBLE_DEVICES={replica['cuda_visible_devices']}" in exports
     assert "export CG_COMPONENT=web" in exports
+    assert not [e for e in exports if not e.startswith(("export CUDA_", "export CG_"))], exports
 
     assert ok(cgd, "release", "web") == "released web (groups web-0)\n"
     assert components(cgd) == {}

@@ -255,6 +255,7 @@ def _cgctl_as_second_user(cgd: Cgd, second_user: User, cgctl: list[str]) -> None
                           extra_groups=list(second_user.groups), env=env, capture_output=True, text=True,
                           timeout=30, cwd="/tmp", check=False)
     assert done.returncode == 1 and "cgctl: error:" in done.stderr and "only its owner" in done.stderr, done
+    assert "component 'roots' belongs to root;" in done.stderr, "a shared box names people, not uids"
     done = subprocess.run([*cgctl, "allocate", "mine", "--memory", "1GiB", "--", *SLEEP],
                           user=second_user.uid, group=second_user.gid, extra_groups=list(second_user.groups),
                           env=env, capture_output=True, text=True, timeout=30, cwd="/tmp", check=False)
