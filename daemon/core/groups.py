@@ -14,6 +14,7 @@ from msgspec.structs import replace
 from computegroups.daemon.core.base import ManagerBase
 from computegroups.daemon.core.transactions import (
     Caller,
+    check_affinity_targets,
     check_owner,
     drop_displaced,
     group_record,
@@ -49,6 +50,7 @@ class Groups(ManagerBase):
     async def create_group(self, caller: Caller, claim: Claim) -> dict[str, Any]:
         async with self.keeper.lock:
             with self.keeper.transaction() as doc:
+                check_affinity_targets(doc, claim)
                 n = max([int(g.split(".", 1)[1]) for g in doc.groups if g.startswith("group.")] + [0]) + 1
                 gid = f"group.{n}"
                 (placement,) = self.keeper.place(doc, claim, [gid], f"@{caller.uid}")

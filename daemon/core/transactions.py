@@ -227,6 +227,17 @@ def check_owner(caller: Caller, uid: int, what: str) -> None:
         raise Forbidden(f"{what} belongs to {user_name(uid)}; only its owner or root may change it")
 
 
+def check_affinity_targets(doc: StateDoc, claim: Claim | None) -> None:
+    """A claim's affinity terms name components that exist: a typo is "no component", not "does not fit"."""
+    if claim is None:
+        return
+    for field, terms in (("affinity", claim.affinity), ("anti_affinity", claim.anti_affinity)):
+        for i, term in enumerate(terms):
+            if term.component not in doc.components:
+                raise NotFound(f"claim.{field}[{i}]: no component named {term.component!r}: "
+                               "`cgctl list` shows what exists")
+
+
 def component_or_404(doc: StateDoc, name: str) -> ComponentRecord:
     comp = doc.components.get(name)
     if comp is None or comp.state == "releasing":
@@ -318,6 +329,7 @@ def new_component_records(
     else:
         if request.claim is None:
             raise BadRequest("claim: required (or share_with, shadow_of, or a reservation of this name)")
+        check_affinity_targets(doc, request.claim)
         ids = group_ids_for(name, request.scope, range(replicas))
         placements = keeper.place(doc, request.claim, list(ids), name)
         drop_displaced(doc, placements)
@@ -370,6 +382,7 @@ def new_reservation(
     owner = keeper.path_owner(doc, name)
     if owner is not None:
         raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")
+    check_affinity_targets(doc, request.claim)
     ids = group_ids_for(name, request.scope, range(request.replicas))
     placements = keeper.place(doc, request.claim, list(ids), name, reserved=True)
     drop_displaced(doc, placements)

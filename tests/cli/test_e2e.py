@@ -104,6 +104,9 @@ def test_affinity_and_anti_affinity_see_a_component_allocated_a_moment_ago(cgd: 
                         "--affinity", "db")) == db
     assert not gpus(ok_json(cgd, "allocate", "other", "--memory", "1GiB", "--strategy", "binpack",
                             "--anti-affinity", "db")) & db
+    error = refused(cgd, "allocate", "typo", "--memory", "1GiB", "--affinity", "dbb")
+    assert error == "cgctl: error: claim.affinity[0]: no component named 'dbb': `cgctl list` shows what exists\n"
+    assert "typo" not in components(cgd)
 
 
 @pytest.mark.parametrize("size, mib", [("20GiB", 20480), ("512MiB", 512), ("20G", 20480)])

@@ -132,13 +132,14 @@ def test_a_replica_budget_on_a_gpu_is_the_sum_of_its_shares_there_everywhere(tmp
 def test_a_record_changed_in_place_is_seen_by_the_next_placement(tmp_path: Path) -> None:
     """The ledger derives again only the groups that differ from what it followed, in place or replaced."""
     k = keeper(tmp_path)
-    (db,) = allocate(k, "db", Claim(memory_mib=1024))
+    (db,) = allocate(k, "db", Claim(memory_mib=1024, gpu_ids=(1,)))
+    allocate(k, "side", Claim(memory_mib=1024, gpu_ids=(2,)))
     with k.transaction() as doc:
         doc.groups["db-0"].users = ("db/0", "side/0")
+    with pytest.raises(InsufficientCapacity, match="side"), k.transaction() as doc:
         new_component_records(doc, k, ComponentRequest(
-            name="near", claim=Claim(memory_mib=1024, affinity=(AffinityTerm("side"),))), ROOT)
-    assert {d.gpu_index for d in k.doc.groups["near-0"].devices} == {db}
+            name="far", claim=Claim(memory_mib=1024, gpu_ids=(db,), anti_affinity=(AffinityTerm("side"),))), ROOT)
     with k.transaction() as doc:
-        doc.groups["db-0"].devices[0].memory_mib = 81559 - 1024
+        doc.groups["db-0"].devices[0].memory_mib = 81559
     with pytest.raises(InsufficientCapacity), k.transaction() as doc:
         new_component_records(doc, k, ComponentRequest(name="more", claim=Claim(memory_mib=1024, gpu_ids=(db,))), ROOT)
