@@ -141,6 +141,9 @@ class Daemon:
 
         opts = self.opts
         self.gateway, machine = open_machine(opts)
+        problems = opts.config.allocator.pool_problems(len(machine.gpus))
+        if problems:
+            raise StartupError(f"configuration: {'; '.join(problems)}")
         try:
             keeper = StateKeeper(machine, StateStore(opts.state_dir), opts.config)
         except StateError as exc:

@@ -255,6 +255,11 @@ class AllocatorConfig:
         if self.default_share_mib is not None and self.default_share_mib < 1:
             raise ValueError(f"default_share_mib must be at least 1, got {self.default_share_mib}")
 
+    def pool_problems(self, gpu_count: int) -> list[str]:
+        """Pools naming a GPU this machine lacks: a typo that would make the pool quietly smaller."""
+        return [f"pools.{name}: GPU {index} is not on this machine ({gpu_count} GPUs, 0-{gpu_count - 1})"
+                for name, gpus in sorted(self.pools.items()) for index in sorted(gpus) if index >= gpu_count]
+
     def share_mib(self, device_mib: int) -> int:
         if self.default_share_mib is not None:
             return self.default_share_mib

@@ -613,3 +613,12 @@ def test_health_counts_workers_not_their_processes(cgd: Cgd) -> None:
                    "command": [sys.executable, "-c", parent]})
     wait_for(lambda: all(len(r["pids"]) >= 1 for r in cgd.request("GET", "/v1/components/fam")[1]["replicas"]))
     assert cgd.request("GET", "/v1/health")[1]["workers"] == {"expected": 2, "running": 2}
+
+
+def test_a_pool_naming_a_gpu_the_machine_lacks_is_refused_at_start(start_cgd, tmp_path: Path) -> None:
+    config = tmp_path / "cgd.toml"
+    config.write_text("[pools]\nfast = [6, 7, 9]\n")
+    with pytest.raises(RuntimeError) as failed:
+        start_cgd("dgx-h100", "--config", str(config))
+    assert "cgd exited with 3" in str(failed.value)
+    assert "cgd: error: configuration: pools.fast: GPU 9 is not on this machine (8 GPUs, 0-7)" in str(failed.value)
