@@ -75,7 +75,7 @@ class WorkerEvents(ManagerBase):
             if partner is not None:
                 await self._promote(ref, partner)
                 return
-            log.warning("worker %s (pid %s) exited with %s; %s", ref, event.pid, event.returncode,
+            log.warning("worker %s (pid %s) ended with %s; %s", ref, event.pid, event.status,
                         "restarting" if event.will_restart else "not restarting")
             self.replica_states[ref] = "restarting" if event.will_restart else "failed"
             with self.keeper.transaction() as doc:

@@ -102,6 +102,26 @@ class WorkerSpec:
     shell: bool = False
 
 
+def describe_exit(returncode: int | None, *, adopted: bool = False) -> str:
+    """`status N`, `signal NAME`, or why the status is unknown.
+
+    An adopted worker is not cgd's child, so its status cannot be read; a
+    restart that could not fork has none.
+
+    >>> describe_exit(3), describe_exit(-9), describe_exit(None, adopted=True)
+    ('status 3', 'signal SIGKILL', 'an unknown status (adopted from an earlier cgd, not its child)')
+    """
+    if returncode is None:
+        return ("an unknown status (adopted from an earlier cgd, not its child)" if adopted
+                else "no status (it could not be started)")
+    if returncode < 0:
+        try:
+            return f"signal {signals.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"status {returncode}"
+
+
 @dataclass(frozen=True)
 class WorkerExit:
     """`returncode` is negative when a signal killed it, None when unknown
@@ -112,6 +132,11 @@ class WorkerExit:
     pid: int
     returncode: int | None
     will_restart: bool
+
+    @property
+    def status(self) -> str:
+        """How it ended, in words for a log: `status 3`, `signal SIGKILL`, or why it is not known."""
+        return describe_exit(self.returncode, adopted=self.pid != 0)
 
 
 @dataclass(frozen=True)
@@ -334,8 +359,8 @@ class Supervisor:
             worker.run = None
         will_restart = self._after_failure(worker, run.handle.create_time)
         _resolve(run.exited, returncode)
-        log.info("worker %s (pid %d) exited with %s%s", worker.spec.key, pid, returncode,
-                 ", restarting" if will_restart else "")
+        log.info("worker %s (pid %d) ended with %s%s", worker.spec.key, pid,
+                 describe_exit(returncode, adopted=run.process is None), ", restarting" if will_restart else "")
         _call(self._on_exit, WorkerExit(worker.spec.key, pid, returncode, will_restart))
 
     def _after_failure(self, worker: _Worker, started: float) -> bool:

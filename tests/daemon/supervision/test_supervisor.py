@@ -603,3 +603,11 @@ def test_workers_run_as_their_owner(tmp_path: Path) -> None:
         assert os.stat(logs / "nobody.0.out").st_uid == 65534
 
     run_with(tmp_path, body)
+
+
+def test_an_exit_is_told_as_a_status_a_signal_name_or_why_it_is_unknown() -> None:
+    assert supervisor.describe_exit(0) == "status 0"
+    assert supervisor.describe_exit(-signal.SIGTERM) == "signal SIGTERM"
+    assert supervisor.describe_exit(None, adopted=True).startswith("an unknown status (adopted")
+    assert WorkerExit("w.0", 0, None, False).status == "no status (it could not be started)"
+    assert WorkerExit("w.0", 41, -signal.SIGKILL, True).status == "signal SIGKILL"
