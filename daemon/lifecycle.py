@@ -94,7 +94,7 @@ def open_machine(opts: Options):
         if not opts.simulate_fallback:
             raise StartupError(str(exc)) from None
         log.warning("no NVIDIA driver here (%s); running on the simulated machine %s",
-                    str(exc).splitlines()[0], opts.simulate_fallback)
+                    exc.reason, opts.simulate_fallback)
         gateway = open_gateway(opts.simulate_fallback)
     except (ValueError, OSError) as exc:
         raise StartupError(str(exc)) from None
