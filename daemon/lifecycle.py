@@ -178,7 +178,7 @@ class Daemon:
         self.health.start()
         app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),
                      extra_routes=deployment_routes(Deployments(manager)))
-        self.server = listen(app, opts.socket, opts.system)
+        self.server = listen(app, opts.socket, opts.system, opts.config.limits.connections_per_user)
         loop = asyncio.get_running_loop()
         self.tasks += [loop.create_task(self._watchdog()), loop.create_task(self._rotate_logs())]
         log.info(

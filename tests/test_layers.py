@@ -120,8 +120,9 @@ def test_only_the_gateway_imports_the_driver_and_process_libraries(library: str)
         if rel.startswith(allowed):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             if any(n == library or n.startswith(library + ".") for n in names):
                 offenders.append(f"{rel}:{node.lineno}")
     assert not offenders, f"{library} imported outside {allowed}: {offenders}"

@@ -240,7 +240,7 @@ class CgdHTTPServer(tornado.httpserver.HTTPServer):
             del self.per_uid[uid]
 
 
-def listen(app: CgdApp, path: Path, system: bool) -> CgdHTTPServer:
+def listen(app: CgdApp, path: Path, system: bool, max_per_uid: int = MAX_CONNECTIONS_PER_UID) -> CgdHTTPServer:
     """Bind the socket with the right owner and mode before anyone can connect."""
     path.parent.mkdir(parents=True, exist_ok=True)
     refuse_live_socket(path)
@@ -261,7 +261,7 @@ def listen(app: CgdApp, path: Path, system: bool) -> CgdHTTPServer:
         os.chown(path, -1, group_id)
     server = CgdHTTPServer(
         app.application(), max_body_size=256 * MAX_BODY, max_header_size=64 * 1024,
-        idle_connection_timeout=60, body_timeout=30, max_connections=connection_cap(),
+        idle_connection_timeout=60, body_timeout=30, max_connections=connection_cap(), max_per_uid=max_per_uid,
     )
     server.serve(sock)
     return server

@@ -30,6 +30,7 @@ from computegroups.daemon.model.errors import (
     Conflict,
     Forbidden,
     InsufficientCapacity,
+    LimitReached,
     NotFound,
     Unsatisfiable,
 )
@@ -227,6 +228,16 @@ def check_owner(caller: Caller, uid: int, what: str) -> None:
         raise Forbidden(f"{what} belongs to {user_name(uid)}; only its owner or root may change it")
 
 
+def check_components_limit(doc: StateDoc, caller: Caller, limit: int) -> None:
+    """One user may not hold more than `limit` components (root may): the others need cgd too."""
+    if caller.is_root:
+        return
+    owned = sum(1 for c in doc.components.values() if c.owner_uid == caller.uid)
+    if owned >= limit:
+        raise LimitReached(f"{user_name(caller.uid)} has {owned} components, the most one user may have "
+                           f"(limits.components_per_user = {limit}): release some first")
+
+
 def check_affinity_targets(doc: StateDoc, claim: Claim | None) -> None:
     """A claim's affinity terms name components that exist: a typo is "no component", not "does not fit"."""
     if claim is None:
@@ -280,6 +291,7 @@ def new_component_records(
     name = request.name
     if name in doc.components:
         raise Conflict(f"component {name!r} exists: release it first or pick another name")
+    check_components_limit(doc, caller, keeper.config.limits.components_per_user)
     owner = keeper.path_owner(doc, name)
     if owner is not None:
         raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")

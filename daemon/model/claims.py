@@ -143,7 +143,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     exclusive: _ExclusiveIn | None = None
     pool: Annotated[str, Meta(min_length=1)] | None = None
     gpu_ids: Annotated[tuple[Annotated[int, Meta(ge=0)], ...], Meta(min_length=1)] | None = None
-    priority: int = 0
+    priority: Annotated[int, Meta(ge=-1000, le=1000)] = 0
     allow_busy: bool = False
     affinity: tuple[AffinityTerm, ...] = ()
     anti_affinity: tuple[AffinityTerm, ...] = ()

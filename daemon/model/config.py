@@ -111,6 +111,13 @@ class Workers(_Section, frozen=True, kw_only=True):
             raise ModelError("workers.promotion_signal", f"unknown signal {self.promotion_signal!r}") from None
 
 
+class Limits(_Section, frozen=True, kw_only=True):
+    """Per user, so one user cannot exhaust cgd for the others; root has none."""
+
+    components_per_user: PositiveInt = 256
+    connections_per_user: PositiveInt = 64
+
+
 class ConfigFile(_Section, frozen=True, kw_only=True):
     """The whole file; every section and key is optional."""
 
@@ -119,6 +126,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)
     shares: Shares = msgspec.field(default_factory=Shares)
     workers: Workers = msgspec.field(default_factory=Workers)
+    limits: Limits = msgspec.field(default_factory=Limits)
 
     def daemon_config(self) -> DaemonConfig:
         """What cgd reads; raises ModelError for a value that only reads as text."""
@@ -136,6 +144,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
             promotion_signal=self.workers.signal_number(),
             log_max_bytes=self.workers.log_max_bytes,
             log_backups=self.workers.log_backups,
+            limits=self.limits,
         )
 
 
@@ -150,6 +159,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
     promotion_signal: int = int(signal.SIGUSR1)
     log_max_bytes: int = 64 * 1024 * 1024
     log_backups: int = 3
+    limits: Limits = msgspec.field(default_factory=Limits)
 
 
 def load_config(path: str | Path | None) -> DaemonConfig:

@@ -42,6 +42,13 @@ class Unsatisfiable(ManagerError):
     code = "unsatisfiable"
 
 
+class LimitReached(ManagerError):
+    """A per-user limit of the configuration: one user may not exhaust cgd for the others."""
+
+    status = 429
+    code = "limit_reached"
+
+
 class Unavailable(ManagerError):
     status = 503
     code = "unavailable"

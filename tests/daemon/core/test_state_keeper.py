@@ -13,9 +13,10 @@ from computegroups.daemon.core.transactions import Caller, StateKeeper, attach_r
 from computegroups.daemon.core.views import component_view
 from computegroups.daemon.core.workers import groups_by_replica, visible_devices
 from computegroups.daemon.model.claims import AffinityTerm, Claim
-from computegroups.daemon.model.config import DaemonConfig
-from computegroups.daemon.model.errors import InsufficientCapacity
-from computegroups.daemon.model.requests import ComponentRequest
+from computegroups.daemon.model.config import DaemonConfig, Limits
+from computegroups.daemon.model.decoding import ModelError
+from computegroups.daemon.model.errors import InsufficientCapacity, LimitReached
+from computegroups.daemon.model.requests import ComponentRequest, parse_component
 from computegroups.daemon.supervision.workerenv import MpsSettings, OwnerEnv, worker_env
 from computegroups.statefiles.store import StateStore
 from computegroups.topology import load_machine
@@ -143,3 +144,23 @@ def test_a_record_changed_in_place_is_seen_by_the_next_placement(tmp_path: Path)
         doc.groups["db-0"].devices[0].memory_mib = 81559
     with pytest.raises(InsufficientCapacity), k.transaction() as doc:
         new_component_records(doc, k, ComponentRequest(name="more", claim=Claim(memory_mib=1024, gpu_ids=(db,))), ROOT)
+
+
+def test_one_user_may_hold_only_so_many_components(tmp_path: Path) -> None:
+    k = StateKeeper(load_machine("dgx-h100"), StateStore(tmp_path),
+                    DaemonConfig(limits=Limits(components_per_user=2)))
+    alice = Caller(pid=1, uid=4242, gid=4242)
+    for name in ("a", "b"):
+        with k.transaction() as doc:
+            new_component_records(doc, k, ComponentRequest(name=name, claim=Claim(memory_mib=1024)), alice)
+    with pytest.raises(LimitReached, match=r"has 2 components, the most one user may have "
+                                           r"\(limits.components_per_user = 2\)"), k.transaction() as doc:
+        new_component_records(doc, k, ComponentRequest(name="c", claim=Claim(memory_mib=1024)), alice)
+    with k.transaction() as doc:  # root has no limit
+        new_component_records(doc, k, ComponentRequest(name="c", claim=Claim(memory_mib=1024)), ROOT)
+    assert set(k.doc.components) == {"a", "b", "c"}
+
+
+def test_priorities_are_bounded() -> None:
+    with pytest.raises(ModelError, match="priority"):
+        parse_component({"name": "x", "claim": {"gpus": 1, "priority": 1001}})
