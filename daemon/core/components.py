@@ -6,7 +6,6 @@ state keeper and supervisor, and decides under its lock.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from msgspec.structs import replace
@@ -28,19 +27,22 @@ from computegroups.daemon.core.workers import (
 from computegroups.daemon.model.enums import ComponentState
 from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
 from computegroups.daemon.model.requests import ComponentRequest
+from computegroups.daemon.supervision.asuser import start_problem
 from computegroups.daemon.supervision.processes import start_time
 from computegroups.daemon.supervision.workerenv import owner_env
 
 
 class Components(ManagerBase):
     async def allocate(self, caller: Caller, request: ComponentRequest) -> dict[str, Any]:
-        if request.cwd is not None and not os.path.isdir(request.cwd):
-            raise BadRequest(f"cwd: {request.cwd} is not a directory")
-        if request.command:
+        if request.command or request.cwd is not None:
             try:
-                owner_env(caller.uid, caller.gid)
+                owner = owner_env(caller.uid, caller.gid)
             except ValueError as exc:
                 raise BadRequest(f"cannot run workers for the caller: {exc}") from None
+            argv = (("/bin/sh",) if request.shell else request.command) or ()
+            problem = start_problem(caller.uid, caller.gid, argv, owner.path, request.cwd or owner.home)
+            if problem is not None:
+                raise BadRequest(problem)
         async with self.keeper.lock:
             self.check_idle(request.name)
             self.check_groups_idle(request.shadow_of or request.share_with)

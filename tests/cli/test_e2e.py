@@ -318,3 +318,15 @@ def test_topo_shows_the_machine_the_running_cgd_serves(cgd: Cgd) -> None:
     local = cgd.cgctl("topo", "--local", env={"CG_SIMULATE": "workstation-4x-pcie"})
     assert local.returncode == 0 and "simulated:workstation-4x-pcie" in local.stdout
 
+
+def test_a_command_that_cannot_start_is_refused_and_nothing_is_allocated(cgd: Cgd) -> None:
+    cases = {
+        "/nonexistent/prog": "command[0]: /nonexistent/prog: not found",
+        "/etc/passwd": "command[0]: /etc/passwd is not executable",
+        "nosuchcommand-xyz": "command[0]: 'nosuchcommand-xyz' on the worker's PATH (",
+    }
+    for program, message in cases.items():
+        error = refused(cgd, "allocate", "job", "--gpus", "1", "--", program)
+        assert error.startswith(f"cgctl: error: {message}"), error
+    assert components(cgd) == {}
+

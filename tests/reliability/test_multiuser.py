@@ -261,3 +261,24 @@ def _cgctl_as_second_user(cgd: Cgd, second_user: User, cgctl: list[str]) -> None
                           env=env, capture_output=True, text=True, timeout=30, cwd="/tmp", check=False)
     assert done.returncode == 0, done
     assert ids(wait_for_pid(cgd, "mine")) == (second_user.uid, second_user.gid)
+
+
+def test_cwd_and_command_are_checked_as_the_asking_user(shared_cgd: Cgd, second_user: User) -> None:
+    """What only root may enter or run is refused to the user, as their own start would fail."""
+    private = Path(tempfile.mkdtemp(prefix="cg-private-"))
+    private.chmod(0o700)
+    tool = private / "tool"
+    tool.write_text("#!/bin/sh\nsleep 600\n")
+    tool.chmod(0o700)
+    try:
+        for body, message in (
+            ({"cwd": str(private)}, f"cwd: {private}: permission denied"),
+            ({"command": [str(tool)]}, f"command[0]: {tool}: not found"),
+        ):
+            status, reply = second_user.request(shared_cgd, "POST", "/v1/components", {
+                "name": "snoop", "claim": {"memory_mib": 1024}, "command": [*SLEEP], **body})
+            assert status == 400 and reply["error"]["message"] == message, reply
+        assert shared_cgd.request("POST", "/v1/components", {
+            "name": "mine", "claim": {"memory_mib": 1024}, "command": [str(tool)], "cwd": str(private)})[0] == 201
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
