@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, KeysView, Mapping, Sequence
 from dataclasses import replace
 
-from msgspec import structs
-
 from computegroups.daemon.model.claims import AllocatorConfig, Claim
 from computegroups.daemon.placement import shares, wholes
 from computegroups.daemon.placement.feasible import check_ever
@@ -60,14 +58,12 @@ class Allocator:
         live = [gid for gid in ids if gid in self.ledger.holdings]
         if live:
             raise ValueError(f"group {live[0]!r} is already placed")
-        if claim.strategy is None:
-            claim = structs.replace(claim, strategy=self.config.default_strategy)
         check_ever(self.topo, self.config, claim, len(ids))
         undo: list[tuple[str, Holding]] = []
         placements: list[Placement] = []
         avoid: set[int] = set()
         try:
-            for i, gid in enumerate(ids):
+            for gid in ids:
                 placement = self._place_one(claim, gid, owner, reserved, avoid, undo)
                 placements.append(placement)
                 if claim.distinct:
@@ -202,7 +198,7 @@ class Allocator:
             else:
                 reasons[g] = why
         found = wholes.regions(topo, rules, claim, free)
-        costs = wholes.stage_costs(topo, rules, claim.strategy)
+        costs = wholes.stage_costs(topo, rules, rules.strategy)
         choice = wholes.best_set(topo, rules, costs, found, n)
         if choice is None:
             raise DoesNotFitNow(wholes.failure(topo, rules, claim, free, reasons))
@@ -217,7 +213,7 @@ class Allocator:
                          exclusive_domain=region.exclusive, score=score)
 
     def _decide_device(self, rules: Rules, gid: str) -> Placement:
-        costs = wholes.stage_costs(self.topo, rules, rules.claim.strategy)
+        costs = wholes.stage_costs(self.topo, rules, rules.strategy)
         reasons: dict[int, str] = {}
         if rules.claim.kind == "mig":
             options = shares.mig_options(rules, costs, reasons)
@@ -226,7 +222,7 @@ class Allocator:
         if not options:
             raise DoesNotFitNow(shares.share_failure(rules, reasons))
         best = min(options, key=lambda o: o.key)
-        score = shares.device_score(best, rules.claim.strategy, self.topo.memory[best.device.gpu])
+        score = shares.device_score(best, rules.strategy, self.topo.memory[best.device.gpu])
         return Placement(group_id=gid, devices=(best.device,), domain=best.exclusive,
                          exclusive_domain=best.exclusive, score=score)
 

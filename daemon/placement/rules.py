@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim
+from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim, Strategy
 from computegroups.daemon.placement.explain import domain_name
 from computegroups.daemon.placement.ledger import Ledger
 from computegroups.daemon.placement.records import Holding
@@ -23,6 +23,8 @@ class Rules:
         self.ledger = ledger
         self.config = config
         self.claim = claim
+        self.strategy: Strategy = claim.strategy or config.default_strategy
+        """The claim's strategy, or the operator's default when it names none."""
         self.avoid = frozenset(avoid)
         self.ignore = frozenset(ignore)
         self._freed_memory: dict[int, int] = {}

@@ -117,7 +117,8 @@ class _Search:
 
     def _bound(self, start: int, r: int, value: int) -> int:
         """Twice the best value any completion of this branch could reach."""
-        gains = [2 * (u + c) + t for u, c, t in zip(self.unary[start:], self.cross[start:], self.top[r - 1][start:])]
+        rest = zip(self.unary[start:], self.cross[start:], self.top[r - 1][start:], strict=True)
+        gains = [2 * (u + c) + t for u, c, t in rest]
         gains.sort(reverse=True)
         return 2 * value + sum(gains[:r])
 
@@ -151,7 +152,7 @@ class _Search:
     def _finish(self, start: int, value: int) -> None:
         """The last GPU of a branch: no need to branch, the best one is known."""
         need = self.best_value - value
-        upper = [u + c for u, c in zip(self.unary[start:], self.cross[start:])]
+        upper = [u + c for u, c in zip(self.unary[start:], self.cross[start:], strict=True)]
         if not upper or max(upper) <= need:
             return
         for offset in sorted(range(len(upper)), key=upper.__getitem__, reverse=True):
@@ -161,7 +162,7 @@ class _Search:
             if gain > need:
                 need = gain
                 self.best_value = value + gain
-                self.best = tuple(self.order[p] for p in self.chosen) + (self.order[start + offset],)
+                self.best = (*(self.order[p] for p in self.chosen), self.order[start + offset])
 
     def _gain(self, pos: int) -> int:
         gain = self.unary[pos] + self.cross[pos]
@@ -175,14 +176,14 @@ class _Search:
         for d in self.domains[pos]:
             self.touched[d] = self.touched.get(d, 0) + 1
         row, cross = self.weight[pos], self.cross
-        cross[pos + 1:] = [c + w for c, w in zip(cross[pos + 1:], row[pos + 1:])]
+        cross[pos + 1:] = [c + w for c, w in zip(cross[pos + 1:], row[pos + 1:], strict=True)]
         return gain
 
     def _drop(self, pos: int) -> None:
         for d in self.domains[pos]:
             self.touched[d] -= 1
         row, cross = self.weight[pos], self.cross
-        cross[pos + 1:] = [c - w for c, w in zip(cross[pos + 1:], row[pos + 1:])]
+        cross[pos + 1:] = [c - w for c, w in zip(cross[pos + 1:], row[pos + 1:], strict=True)]
 
 
 def _order(p: Problem, k: int, top: list[list[int]]) -> list[int]:

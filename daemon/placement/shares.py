@@ -22,7 +22,7 @@ from computegroups.topology.model import MigDevice
 
 @dataclass(frozen=True)
 class DeviceChoice:
-    key: tuple
+    key: tuple[int, ...]
     device: DeviceShare
     exclusive: frozenset[int] | None
     note: str
@@ -92,11 +92,11 @@ def _mig_options(rules: Rules, costs: StageCosts, g: int, reasons: dict[int, str
         holder = rules.ledger.mig_holder.get(m.uuid)
         penalty = int(holder is not None) + len(rules.ledger.exclusive_on[g] & rules.ignore)
         used = len(rules.groups(g) - {holder} if holder else rules.groups(g))
-        if rules.claim.strategy is Strategy.BINPACK:
-            rank: tuple = (int(used == 0), (m.memory_mib or 0), _fresh(rules.topo, costs, g), costs.fit[g])
+        if rules.strategy is Strategy.BINPACK:
+            rank: tuple[int, ...] = (int(used == 0), (m.memory_mib or 0), _fresh(rules.topo, costs, g), costs.fit[g])
         else:
             rank = (used,)
-        key = (penalty, _size_key(rules, exclusive), 1) + rank + (g, m.index)
+        key = (penalty, _size_key(rules, exclusive), 1, *rank, g, m.index)
         device = DeviceShare(gpu=g, mig_uuid=m.uuid, memory_mib=m.memory_mib or 0, compute_pct=100, whole=True)
         note = f"MIG {m.profile} instance {m.index} on GPU {g}"
         out.append(DeviceChoice(key, device, exclusive, note))
@@ -134,23 +134,25 @@ def _fresh(topo: Topo, costs: StageCosts, g: int) -> int:
 def _size_key(rules: Rules, exclusive: frozenset[int] | None) -> int:
     """An exclusive claim holds a whole domain: binpack the smallest, spread the largest."""
     size = len(exclusive) if exclusive else 0
-    return size if rules.claim.strategy is Strategy.BINPACK else -size
+    return size if rules.strategy is Strategy.BINPACK else -size
 
 
-def _share_key(rules: Rules, costs: StageCosts, g: int, memory: int, exclusive: frozenset[int] | None) -> tuple:
+def _share_key(
+    rules: Rules, costs: StageCosts, g: int, memory: int, exclusive: frozenset[int] | None,
+) -> tuple[int, ...]:
     """binpack: a shared GPU first (tightest fit), then a MIG instance, then an unused GPU
     where it breaks the fewest unused domains (and has the most room for the next shares);
     spread: the least used GPU (by the larger of memory and compute used), in the least
     used domains."""
     topo = rules.topo
     head = (rules.penalty(g), _size_key(rules, exclusive))
-    if rules.claim.strategy is Strategy.BINPACK:
+    if rules.strategy is Strategy.BINPACK:
         if rules.groups(g):
-            return head + (0, rules.free_memory(g) - memory, _fresh(topo, costs, g), costs.fit[g], g, -1)
-        return head + (2, _fresh(topo, costs, g), costs.fit[g], -rules.free_memory(g), g, -1)
+            return (*head, 0, rules.free_memory(g) - memory, _fresh(topo, costs, g), costs.fit[g], g, -1)
+        return (*head, 2, _fresh(topo, costs, g), costs.fit[g], -rules.free_memory(g), g, -1)
     total = topo.memory[g]
     used = max((total - rules.free_memory(g)) * 1000 // total, (100 - rules.free_compute(g)) * 10)
-    return head + (0, used, costs.fit[g], len(rules.groups(g)), g, -1)
+    return (*head, 0, used, costs.fit[g], len(rules.groups(g)), g, -1)
 
 
 def _share_note(rules: Rules, g: int, memory: int) -> str:

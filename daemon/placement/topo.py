@@ -84,7 +84,7 @@ class Topo:
 
     def _twins(self) -> dict[int, int]:
         """Twin class per GPU: same links to every other GPU, same domains, same MIG state."""
-        reps: dict[tuple, list[int]] = {}
+        reps: dict[tuple[object, ...], list[int]] = {}
         twin: dict[int, int] = {}
         for g in self.gpus:
             sig = (self.domains_of[g], self.mig[g], self.memory[g],

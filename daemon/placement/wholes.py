@@ -92,10 +92,10 @@ def _solve(topo: Topo, rules: Rules, costs: StageCosts, region: Region, n: int) 
     penalty = [rules.penalty(g) for g in gpus]
     if region.exclusive is None:
         unary = [-p * topo.r_penalty - costs.fit[g] * topo.r_fit + topo.index_bonus(g)
-                 for g, p in zip(gpus, penalty)]
+                 for g, p in zip(gpus, penalty, strict=True)]
         problem = Problem(weight, unary, [topo.domains_of[g] for g in gpus],
                           {d: topo.r_fresh for d, f in costs.fresh.items() if f},
-                          [(topo.twin[g], p, costs.fit[g]) for g, p in zip(gpus, penalty)])
+                          [(topo.twin[g], p, costs.fit[g]) for g, p in zip(gpus, penalty, strict=True)])
         extra = 0
     else:
         problem = Problem(weight, [topo.index_bonus(g) for g in gpus], [()] * len(gpus), {},
