@@ -221,3 +221,15 @@ def _executable(name: str) -> str:
     if found is None:
         raise RuntimeError(f"{name} is not installed: run pip install -e '.[test]'")
     return found
+
+
+def nvml_present() -> bool:
+    """Whether this box has a working NVIDIA driver (tests of the no-driver paths skip then)."""
+    from computegroups.topology.nvml import NvmlGateway, NvmlUnavailable
+
+    try:
+        with NvmlGateway() as gateway:
+            gateway.start()
+    except NvmlUnavailable:
+        return False
+    return True

@@ -11,8 +11,9 @@ not root checks in place, as itself.
 from __future__ import annotations
 
 import os
-import pwd
 from collections.abc import Sequence
+
+from computegroups.daemon.supervision.launch import become
 
 
 def start_problem(uid: int, gid: int, argv: Sequence[str], path: str, cwd: str) -> str | None:
@@ -26,13 +27,7 @@ def start_problem(uid: int, gid: int, argv: Sequence[str], path: str, cwd: str) 
         code = 1
         try:
             os.close(read_end)
-            try:
-                groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
-            except KeyError:
-                groups = [gid]
-            os.setgroups(groups)
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
+            become(uid, gid)
             os.write(write_end, (_problem(argv, path, cwd) or "").encode())
             code = 0
         finally:

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         _die(f"cannot read launch spec {args[1]}: {exc}", EXIT_CANNOT_RUN)
     _redirect_output(spec)
     try:
-        _become(spec.uid, spec.gid)
+        become(spec.uid, spec.gid)
         os.chdir(spec.cwd or spec.env.get("HOME") or "/")
     except OSError as exc:
         _die(f"cannot switch to uid {spec.uid}, gid {spec.gid}, cwd {spec.cwd!r}: {exc}", EXIT_CANNOT_RUN)
@@ -135,7 +135,7 @@ def _open_log(path: str, uid: int, gid: int) -> int:
     return fd
 
 
-def _become(uid: int, gid: int) -> None:
+def become(uid: int, gid: int) -> None:
     """Drop to the worker's user for good (real, effective and saved ids),
     with that user's supplementary groups. A non-root cgd can only run
     workers as itself."""

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from computegroups.cli.main import cli
-from computegroups.topology.nvml import NvmlGateway, NvmlUnavailable
+from tests.daemon_fixture import nvml_present
 
 DGX1_NV1 = {(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)}
 DGX1_NV2 = {(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)}
@@ -34,15 +34,6 @@ def matrix(output: str) -> dict[tuple[int, int], str]:
                 if cell == "X" or cell.startswith(("NV", "SYS", "NODE", "PHB", "PXB", "PIX")):
                     cells[(row, col)] = cell
     return cells
-
-
-def nvml_present() -> bool:
-    try:
-        with NvmlGateway() as gateway:
-            gateway.start()
-    except NvmlUnavailable:
-        return False
-    return True
 
 
 def test_dgx1_matrix_shows_nv1_and_nv2_exactly_where_wired() -> None:

@@ -4,17 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from computegroups.topology.nvml import NvmlGateway, NvmlUnavailable
-from tests.daemon_fixture import Cgd
-
-
-def nvml_present() -> bool:
-    try:
-        with NvmlGateway() as gateway:
-            gateway.start()
-    except NvmlUnavailable:
-        return False
-    return True
+from tests.daemon_fixture import Cgd, nvml_present
 
 
 class FallbackCgd(Cgd):
