@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import errno
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -30,13 +31,17 @@ from computegroups.daemon.model.errors import (
     Conflict,
     Forbidden,
     InsufficientCapacity,
+    InsufficientStorage,
     LimitReached,
+    ManagerError,
     NotFound,
+    StateUnwritable,
     Unsatisfiable,
 )
 from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
 from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
+from computegroups.statefiles.errors import StateError, StateLockedError
 from computegroups.statefiles.schema import (
     ComponentRecord,
     DeviceRecord,
@@ -166,6 +171,15 @@ class StateKeeper:
             assert txn.committed is not None
             self.doc = txn.committed
             self._followed = self.doc.generation
+        except StateLockedError:
+            self._follow(self.doc)
+            raise
+        except StateError as exc:
+            self._follow(self.doc)
+            refusal = storage_refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
         except BaseException:
             self._follow(self.doc)
             raise
@@ -226,6 +240,21 @@ def group_record(
 def check_owner(caller: Caller, uid: int, what: str) -> None:
     if not caller.is_root and caller.uid != uid:
         raise Forbidden(f"{what} belongs to {user_name(uid)}; only its owner or root may change it")
+
+
+def storage_refusal(exc: StateError) -> ManagerError | None:
+    """A state the filesystem would not let be read or written, as the refusal it is for the asker.
+
+    No space (or quota) is 507: nothing changed and the same request works
+    once there is room again. Any other failure of the filesystem is 503 with
+    the system's own words. None when the filesystem is not the cause.
+    """
+    cause = exc.__cause__
+    if not isinstance(cause, OSError):
+        return None
+    if cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        return InsufficientStorage(str(exc))
+    return StateUnwritable(str(exc))
 
 
 def check_components_limit(doc: StateDoc, caller: Caller, limit: int) -> None:

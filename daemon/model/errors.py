@@ -49,6 +49,20 @@ class LimitReached(ManagerError):
     code = "limit_reached"
 
 
+class StateUnwritable(ManagerError):
+    """The state could not be written (read-only, permission, I/O error): the change did not happen."""
+
+    status = 503
+    code = "state_unwritable"
+
+
+class InsufficientStorage(StateUnwritable):
+    """No space left on the state's filesystem: the change did not happen; it can be retried once there is."""
+
+    status = 507
+    code = "insufficient_storage"
+
+
 class Unavailable(ManagerError):
     status = 503
     code = "unavailable"
