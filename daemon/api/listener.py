@@ -13,7 +13,9 @@ import os
 import resource
 import socket
 import struct
+import sys
 import time
+from asyncio import Future
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -96,14 +98,45 @@ def connection_cap(limit: int = MAX_CONNECTIONS) -> int:
     return max(16, min(limit, soft // 4))
 
 
-def refusal(message: str) -> bytes:
-    """A complete HTTP 503 with cgd's JSON error, sent before the request is even read."""
-    body = json.dumps({"error": {"code": "unavailable", "message": message}}) + "\n"
+def refusal(message: str, status: int = 503, reason: str = "Service Unavailable", code: str = "unavailable") -> bytes:
+    """A complete HTTP answer with cgd's JSON error, for a request the handlers never see."""
+    body = json.dumps({"error": {"code": code, "message": message}}) + "\n"
     head = (
-        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return (head + body).encode()
+
+
+BARE_400 = b"HTTP/1.1 400 Bad Request\r\n\r\n"
+NOT_HTTP = refusal(
+    "the request is not valid HTTP/1.1: its framing (Content-Length, chunked encoding) is broken, "
+    f"or its body is over {256 * MAX_BODY // (1024 * 1024)} MiB", 400, "Bad Request", "bad_request")
+HEADERS_TOO_LARGE = refusal(
+    "the request's headers are over 64 KiB", 431, "Request Header Fields Too Large", "headers_too_large")
+
+
+class JsonErrorStream(tornado.iostream.IOStream):
+    """What tornado refuses before any handler runs answers in cgd's JSON error shape too.
+
+    tornado answers a request it cannot frame with a bare 400 and headers past
+    its limit with a closed connection; a client of cgd would then see no
+    `{"error": ...}` at all.
+    """
+
+    def write(self, data: bytes | memoryview) -> Future[None]:
+        if bytes(data) == BARE_400:
+            data = NOT_HTTP
+        return super().write(data)
+
+    def close(self, exc_info: Any = False) -> None:
+        error = sys.exc_info()[1] if exc_info is True else exc_info[1] if isinstance(exc_info, tuple) else exc_info
+        if isinstance(error, tornado.iostream.UnsatisfiableReadError) and self.socket is not None:
+            try:
+                self.socket.send(HEADERS_TOO_LARGE)
+            except OSError:
+                pass
+        super().close(exc_info)
 
 
 class CgdHTTPServer(tornado.httpserver.HTTPServer):
@@ -196,7 +229,7 @@ class CgdHTTPServer(tornado.httpserver.HTTPServer):
         if reason is not None:
             self._refuse(conn, reason)
             return
-        stream = tornado.iostream.IOStream(
+        stream = JsonErrorStream(
             conn, max_buffer_size=self.max_buffer_size, read_chunk_size=self.read_chunk_size,
         )
         self.owners[stream] = uid

@@ -257,3 +257,29 @@ def test_running_out_of_descriptors_pauses_accepting_with_one_warning(
     assert listener.calls <= 6
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "Too many open files" in warnings[0].getMessage()
+
+
+def exchange(cgd: Cgd, raw: bytes) -> bytes:
+    """Send raw bytes as one request; everything cgd answers before it closes."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(str(cgd.socket))
+        sock.sendall(raw)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+@pytest.mark.parametrize(("raw", "status", "code"), [
+    (b"POST /v1/components HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+     400, "bad_request"),
+    (b"POST /v1/components HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999\r\n\r\n", 400, "bad_request"),
+    (b"GET /v1/version HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n", 431, "headers_too_large"),
+])
+def test_what_tornado_refuses_itself_answers_the_json_error_shape(cgd: Cgd, raw: bytes, status: int,
+                                                                   code: str) -> None:
+    head, _, body = exchange(cgd, raw).partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), head
+    assert json.loads(body)["error"]["code"] == code
+    assert cgd.request("GET", "/v1/version")[0] == 200
