@@ -9,12 +9,11 @@ socket, stop the health loop, stop (or keep) the workers.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import filelock
 
 from computegroups.daemon import sdnotify
 from computegroups.daemon.api.deployments import deployment_routes
@@ -57,30 +56,41 @@ class StartupError(Exception):
 
 
 class InstanceLock:
-    """One cgd per state directory: the second one is told who holds it."""
+    """One cgd per state directory, whatever its socket: the second one is told who holds it.
+
+    The lock is held on the state directory itself, not on a file in it: a
+    lock file deleted or replaced while cgd runs would let a second cgd lock
+    a new one and act on the same state. The pid file only names the holder;
+    it is created afresh, never through a link someone planted.
+    """
 
     def __init__(self, state_dir: Path) -> None:
-        self.lock = filelock.FileLock(str(state_dir / "cgd.lock"), timeout=0)
         self.pid_file = state_dir / "cgd.pid"
         self.state_dir = state_dir
+        self._fd: int | None = None
 
     def acquire(self) -> None:
+        fd = os.open(self.state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            self.lock.acquire()
-        except filelock.Timeout:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
             try:
                 pid = self.pid_file.read_text().strip()
             except OSError:
                 pid = "?"
             raise StartupError(f"cgd already runs as pid {pid} for {self.state_dir}") from None
-        self.pid_file.write_text(f"{os.getpid()}\n")
+        self._fd = fd
+        self.pid_file.unlink(missing_ok=True)
+        out = os.open(self.pid_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(out, "w") as fh:
+            fh.write(f"{os.getpid()}\n")
 
     def release(self) -> None:
-        try:
-            self.pid_file.unlink()
-        except FileNotFoundError:
-            pass
-        self.lock.release()
+        self.pid_file.unlink(missing_ok=True)
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor drops the lock
+            self._fd = None
 
 
 def open_machine(opts: Options):

@@ -622,3 +622,17 @@ def test_a_pool_naming_a_gpu_the_machine_lacks_is_refused_at_start(start_cgd, tm
         start_cgd("dgx-h100", "--config", str(config))
     assert "cgd exited with 3" in str(failed.value)
     assert "cgd: error: configuration: pools.fast: GPU 9 is not on this machine (8 GPUs, 0-7)" in str(failed.value)
+
+
+def test_no_file_deleted_in_the_state_directory_lets_a_second_cgd_in(start_cgd, cgd: Cgd) -> None:
+    for leftover in cgd.state_dir.iterdir():
+        if leftover.suffix in (".lock", ".pid") or leftover.name.endswith(".holder"):
+            leftover.unlink()
+    second = subprocess.run(
+        [*cgd.command()[:-6], "--socket", str(cgd.root / "other.sock"),
+         "--state-dir", str(cgd.state_dir), "--log-dir", str(cgd.log_dir)],
+        env=cgd.env(), capture_output=True, text=True, timeout=30,
+    )
+    assert second.returncode == 3, second.stderr
+    assert f"cgd already runs as pid ? for {cgd.state_dir}" in second.stderr
+    assert cgd.request("GET", "/v1/version")[0] == 200
