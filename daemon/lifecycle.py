@@ -26,7 +26,7 @@ from computegroups.daemon.core.transactions import StateKeeper
 from computegroups.daemon.core.workers import WorkerPaths
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
-from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir
+from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir, own_dir
 from computegroups.daemon.supervision.mps import MpsControl, MpsError
 from computegroups.daemon.supervision.supervisor import Supervisor, WorkerExit, WorkerStart
 from computegroups.daemon.supervision.worklogs import rotate_all
@@ -131,11 +131,15 @@ class Daemon:
     async def start(self) -> None:
         opts = self.opts
         for directory, mode in ((opts.state_dir, 0o700), (opts.log_dir, 0o755)):
-            if not directory.exists():
-                # Only directories cgd creates get its modes; an existing one
-                # keeps the mode its administrator chose.
-                directory.mkdir(parents=True)
-                os.chmod(directory, mode)
+            # Only directories cgd creates get its modes; an existing one keeps
+            # the mode its administrator chose, but one another user owns or
+            # may write is refused: cgd (often root) writes its files there.
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                own_dir(directory, mode)
+            except UnsafeDirectory as exc:
+                raise StartupError(f"{exc}: cgd keeps its state and logs only where no one else can "
+                                   "change them (chown it to cgd's user and chmod go-w)") from None
         self.runtime_dir = private_runtime_dir(opts)
         self.instance = InstanceLock(opts.state_dir)
         self.instance.acquire()

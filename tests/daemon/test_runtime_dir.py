@@ -221,3 +221,22 @@ def wait_until(predicate: Callable[[], bool], timeout: float) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"not within {timeout}s"
         time.sleep(0.02)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root (CI runs as root)")
+@pytest.mark.parametrize(("owner", "mode", "problem"), [
+    ("nobody", 0o700, "belongs to uid"),
+    ("root", 0o777, "is writable by"),
+])
+def test_a_state_directory_another_user_may_change_stops_cgd(
+    start_cgd: Callable[..., Cgd], tmp_path: Path, owner: str, mode: int, problem: str,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chown(state, NOBODY if owner == "nobody" else 0, -1)
+    state.chmod(mode)
+    with pytest.raises(RuntimeError) as failed:
+        start_cgd("dgx-h100", "--state-dir", str(state))
+    assert "cgd exited with 3" in str(failed.value)
+    assert problem in str(failed.value) and "no one else can change them" in str(failed.value)
+    assert not (state / "cgd.pid").exists() and not (state / "state.json").exists()
