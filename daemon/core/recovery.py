@@ -40,7 +40,7 @@ class RecoveryReport:
 def instance_processes(instance: str) -> list[tuple[int, float, str]]:
     """(pid, start time, replica ref) of every process carrying this cgd's mark."""
     found = []
-    for pid, start, env in marked_processes(INSTANCE_VAR, instance):
+    for pid, start, env in marked_processes({INSTANCE_VAR: instance}):
         replica = env.get("CG_REPLICA", "")
         ref = replica_ref(env.get("CG_COMPONENT", "?"), int(replica) if replica.isdigit() else -1)
         found.append((pid, start, ref))

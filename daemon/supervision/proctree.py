@@ -20,14 +20,15 @@ MAX_DEPTH = 64
 """Parents walked up from a GPU process before it is called foreign."""
 
 
-def marked_processes(var: str, value: str) -> list[tuple[int, float, dict[str, str]]]:
-    """(pid, start time, environment) of every process whose environment has `var=value`.
+def marked_processes(marks: Mapping[str, str]) -> list[tuple[int, float, dict[str, str]]]:
+    """(pid, start time, environment) of every process whose environment has each of `marks`.
 
-    Workers inherit the mark and so do their children, so a worker's helpers
+    Workers inherit the marks and so do their children, even those that left
+    the worker's process group (setsid, a double fork), so a worker's helpers
     are found even when the worker itself is gone.
     """
     found = []
-    want = f"{var}={value}".encode()
+    wanted = [f"{var}={value}".encode() for var, value in marks.items()]
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -37,7 +38,7 @@ def marked_processes(var: str, value: str) -> list[tuple[int, float, dict[str, s
         except OSError:
             continue
         items = raw.split(b"\0")
-        if want not in items:
+        if not all(w in items for w in wanted):
             continue
         env = dict(item.decode(errors="replace").split("=", 1) for item in items if b"=" in item)
         try:

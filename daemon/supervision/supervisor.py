@@ -26,6 +26,7 @@ they keep running, and the next cgd adopts them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -43,7 +44,8 @@ from circus.watcher import Watcher
 from computegroups.daemon.supervision import worklogs
 from computegroups.daemon.supervision.arbiter import LoopArbiter
 from computegroups.daemon.supervision.launch import LaunchSpec, shim_argv, write_spec
-from computegroups.daemon.supervision.processes import ProcessHandle
+from computegroups.daemon.supervision.processes import ProcessHandle, start_time
+from computegroups.daemon.supervision.proctree import marked_processes
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +182,8 @@ class Supervisor:
         self._on_start = on_start
         self._workers: dict[str, _Worker] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._cleanups: dict[str, asyncio.Task[None]] = {}
+        """Per worker key: stopping what its last run left running (see `_end_leftovers`)."""
         self._arbiter: LoopArbiter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -207,6 +211,7 @@ class Supervisor:
             self._workers.clear()
         else:
             await asyncio.gather(*(self.stop_worker(key) for key in list(self._workers)))
+            await asyncio.gather(*(self._cleaned(key) for key in list(self._cleanups)))
         for task in list(self._tasks):
             task.cancel()
         if self._arbiter is not None:
@@ -240,11 +245,13 @@ class Supervisor:
         if worker.restart is not None:
             worker.restart.cancel()
             worker.restart = None
+        await self._cleaned(key)
         async with worker.lock:
             run = worker.run
             if run is not None:
                 grace = worker.spec.stop_timeout_s if timeout is None else timeout
                 await _terminate(run.handle, run.exited, worker.spec.stop_signal, grace)
+                await _end_leftovers(worker.spec, run.handle, group=False)  # what left its process group
             self._forget(worker)
 
     def adopt(self, spec: WorkerSpec, pid: int, create_time: float) -> bool:
@@ -354,14 +361,34 @@ class Supervisor:
                 worker.watcher.reap_process(pid)
         else:
             returncode = run.handle.reap()
-        run.handle.close()
         if worker.run is run:
             worker.run = None
+        if worker.wanted and not self._closing:
+            # It ended on its own: what it left running is stopped before a
+            # restart runs and before a stop returns (its GPUs are handed on then).
+            self._cleanups[worker.spec.key] = task = self._running_loop().create_task(
+                _end_leftovers(worker.spec, run.handle))
+            task.add_done_callback(functools.partial(self._cleanup_done, worker.spec.key, run=run))
+        else:
+            run.handle.close()
         will_restart = self._after_failure(worker, run.handle.create_time)
         _resolve(run.exited, returncode)
         log.info("worker %s (pid %d) ended with %s%s", worker.spec.key, pid,
                  describe_exit(returncode, adopted=run.process is None), ", restarting" if will_restart else "")
         _call(self._on_exit, WorkerExit(worker.spec.key, pid, returncode, will_restart))
+
+    def _cleanup_done(self, key: str, task: asyncio.Task[None], *, run: _Run) -> None:
+        run.handle.close()
+        if self._cleanups.get(key) is task:
+            del self._cleanups[key]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("stopping what worker %s left running failed: %s", key, task.exception())
+
+    async def _cleaned(self, key: str) -> None:
+        """Wait until what the last run of `key` left running is gone."""
+        task = self._cleanups.get(key)
+        if task is not None:
+            await asyncio.wait([task])
 
     def _after_failure(self, worker: _Worker, started: float) -> bool:
         """Count an unrequested end of a run and schedule the restart; False
@@ -387,6 +414,7 @@ class Supervisor:
         task.add_done_callback(self._tasks.discard)
 
     async def _respawn(self, worker: _Worker) -> None:
+        await self._cleaned(worker.spec.key)
         async with worker.lock:
             if not worker.wanted or worker.run is not None or self._workers.get(worker.spec.key) is not worker:
                 return
@@ -422,6 +450,39 @@ class Supervisor:
         if self._loop is None:
             raise RuntimeError("the supervisor is not started")
         return self._loop
+
+
+WORKER_MARKS = ("CG_INSTANCE", "CG_COMPONENT", "CG_REPLICA")
+"""The variables every worker process inherits (see core/workers.py): what makes a process its."""
+
+
+async def _end_leftovers(spec: WorkerSpec, handle: ProcessHandle, *, group: bool = True) -> None:
+    """Stop what a worker left running when its main process ended on its own.
+
+    A worker is its whole process tree: its process group, and whatever
+    carries its marks after leaving the group (setsid, a double fork). They
+    get the stop signal, and SIGKILL after the worker's stop timeout.
+    `group=False` when the group was just stopped with the worker.
+    """
+    marks = {k: spec.env[k] for k in WORKER_MARKS if k in spec.env}
+    pids = set(handle.group_left()) if group else set()
+    if len(marks) == len(WORKER_MARKS):
+        pids |= {pid for pid, _, _ in marked_processes(marks)}
+    pids.discard(os.getpid())
+    if not pids:
+        return
+    log.warning("worker %s ended and left pids %s running: stopping them", spec.key, sorted(pids))
+    for signum, wait in ((spec.stop_signal, spec.stop_timeout_s), (signals.SIGKILL, KILL_WAIT_S)):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while (pids := {pid for pid in pids if start_time(pid) is not None}) and loop.time() < deadline:
+            await asyncio.sleep(GROUP_POLL_S)
+        if not pids:
+            return
+    log.warning("worker %s: pids %s survived SIGKILL (stuck in the kernel?): left to it", spec.key, sorted(pids))
 
 
 async def _terminate(handle: ProcessHandle, exited: asyncio.Future[int | None],

@@ -636,3 +636,32 @@ def test_no_file_deleted_in_the_state_directory_lets_a_second_cgd_in(start_cgd, 
     assert second.returncode == 3, second.stderr
     assert f"cgd already runs as pid ? for {cgd.state_dir}" in second.stderr
     assert cgd.request("GET", "/v1/version")[0] == 200
+
+
+LEAVES_A_CHILD = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(600)'])\n"
+    "open(sys.argv[1], 'a').write(f'{child.pid}\\n')\n"
+    "time.sleep(0.3)\n"
+    "sys.exit(1)\n"
+)
+
+
+def test_nothing_a_worker_left_running_outlives_it(cgd: Cgd, tmp_path: Path) -> None:
+    """A worker that leaves a child outside its process group (setsid) and exits: the child is
+    stopped before the worker restarts, and nothing of it runs once the component is released."""
+    from computegroups.daemon.supervision.processes import start_time
+
+    children = tmp_path / "children"
+    allocate(cgd, {"name": "leaky", "claim": {"gpus": 1}, "command": [sys.executable, "-c", LEAVES_A_CHILD,
+                                                                     str(children)],
+                   "restart": {"max_retries": 5, "backoff_s": 0.2}, "stop_timeout_s": 2})
+
+    def pids() -> list[int]:
+        return [int(line) for line in children.read_text().split()] if children.exists() else []
+
+    wait_for(lambda: len(pids()) >= 2)
+    first = pids()[0]
+    assert start_time(first) is None, "the first run's child was stopped before the restart"
+    assert cgd.request("DELETE", "/v1/components/leaky")[0] == 200
+    assert [p for p in pids() if start_time(p) is not None] == [], "nothing of it runs after the release"
