@@ -665,3 +665,17 @@ def test_nothing_a_worker_left_running_outlives_it(cgd: Cgd, tmp_path: Path) -> 
     assert start_time(first) is None, "the first run's child was stopped before the restart"
     assert cgd.request("DELETE", "/v1/components/leaky")[0] == 200
     assert [p for p in pids() if start_time(p) is not None] == [], "nothing of it runs after the release"
+
+
+def test_sigterm_after_a_kill9_stops_the_adopted_workers_too(start_cgd) -> None:
+    from computegroups.daemon.supervision.processes import start_time
+
+    cgd = start_cgd("dgx-h100")
+    allocate(cgd, {"name": "svc", "claim": {"gpus": 1}, "command": worker_cmd()})
+    pid = wait_for(lambda: cgd.request("GET", "/v1/components/svc")[1]["replicas"][0]["pids"])[0]
+    cgd.kill9()
+    cgd.start()
+    assert cgd.request("GET", "/v1/components/svc")[1]["replicas"][0]["pids"] == [pid], "adopted"
+    assert cgd.stop() == 0
+    assert start_time(pid) is None, "an adopted worker is cgd's like any other: it stops with cgd"
+    assert "adopted from an earlier cgd" in cgd.log(), "its end is told for what it is, not 'None'"
