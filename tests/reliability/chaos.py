@@ -22,9 +22,13 @@ from typing import Any
 from tests.daemon_fixture import Cgd
 from tests.reliability.invariants import Ledger
 
-WORKER = [sys.executable, "-c", ("import signal, time\nsignal.signal(signal.SIGUSR1, lambda *_: None)\n"
-                                 "while True: time.sleep(3600)")]
-"""A worker written for cgd: a promotion signal does not end it once it runs (docs/configuration.md)."""
+WORKER = [sys.executable, "-c", (
+    "import signal, subprocess, sys, time\nsignal.signal(signal.SIGUSR1, lambda *_: None)\n"
+    "subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(3600)'])\n"
+    "while True: time.sleep(3600)")]
+"""A worker written for cgd: a promotion signal does not end it once it runs (docs/configuration.md).
+It forks a child that leaves its process group, as a data loader or a server's helper might: when the
+worker is killed, released or restarted, nothing of it may be left (the invariants check)."""
 RESTART = {"max_retries": 1000, "backoff_s": 0.02}
 SHARES_MIB = (4096, 10240, 20480, 40960)
 

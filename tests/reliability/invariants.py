@@ -116,9 +116,10 @@ def expected_workers(doc: StateDoc) -> set[str]:
 
 
 def processes(cgd: Cgd, doc: StateDoc, components: list[dict[str, Any]]) -> list[str]:
-    """Each expected replica runs exactly one process; every process of this
-    instance is one of them (no orphan, no leftover watcher); each has the
-    CUDA_VISIBLE_DEVICES of its groups."""
+    """Each expected replica runs exactly one main process; every other process
+    of this instance is a child of a replica that runs now (nothing of a
+    released, failed or restarted worker is left: no orphan, no leftover
+    watcher); each has the CUDA_VISIBLE_DEVICES of its groups."""
     problems = []
     marked = set(cgd.worker_pids())
     owner: dict[int, str] = {}
@@ -133,8 +134,13 @@ def processes(cgd: Cgd, doc: StateDoc, components: list[dict[str, Any]]) -> list
             for pid in live:
                 owner[pid] = ref
                 problems.extend(_environment(pid, ref, doc, r["cuda_visible_devices"]))
+    running = set(owner.values())
     for pid in sorted(marked - set(owner)):
-        problems.append(f"pid {pid} ({_describe(pid)}) carries this cgd's marker but no replica owns it")
+        env = environ(pid)
+        if env is None:
+            continue  # ended while we looked
+        if f"{env.get('CG_COMPONENT')}/{env.get('CG_REPLICA')}" not in running:
+            problems.append(f"pid {pid} ({_describe(pid)}) carries this cgd's marker but no running replica owns it")
     return problems
 
 

@@ -98,13 +98,19 @@ def test_invariant_checks_catch_what_they_claim(cgd: Cgd) -> None:
     status, reply = cgd.request("GET", "/v1/components")
     lying = copy.deepcopy(reply["components"])
     lying[0]["replicas"][0]["cuda_visible_devices"] = "7,6"
-    stray = subprocess.Popen(["sleep", "600"], env={**os.environ, "CG_INSTANCE": str(cgd.state_dir.resolve())})
+    mark = {**os.environ, "CG_INSTANCE": str(cgd.state_dir.resolve())}
+    stray = subprocess.Popen(["sleep", "600"], env=mark)
+    released = subprocess.Popen(["sleep", "600"], env={**mark, "CG_COMPONENT": "gone", "CG_REPLICA": "0"})
+    child = subprocess.Popen(["sleep", "600"], env={**mark, "CG_COMPONENT": "a", "CG_REPLICA": "0"})
     try:
         found = "\n".join(processes(cgd, load(cgd), lying))
     finally:
-        stray.kill()
-        stray.wait()
-    assert f"pid {stray.pid}" in found and "no replica owns it" in found
+        for proc in (stray, released, child):
+            proc.kill()
+            proc.wait()
+    assert f"pid {stray.pid}" in found and "no running replica owns it" in found
+    assert f"pid {released.pid} (gone/0" in found, "what a released worker left is caught"
+    assert f"pid {child.pid}" not in found, "a running replica's child is its own"
     assert "cgd says '7,6'" in found
 
 
