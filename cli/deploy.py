@@ -77,8 +77,7 @@ def delete(name: str | None, path: str | None) -> None:
 
 @click.command()
 @click.argument("name", required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (same as the global --json).")
-def get(name: str | None, as_json: bool) -> None:
+def get(name: str | None) -> None:
     """Show deployment NAME as a tree: set replicas, scaling groups,
     components, replicas, the groups each uses and its devices. Without
     NAME, list the deployments."""
@@ -88,7 +87,7 @@ def get(name: str | None, as_json: bool) -> None:
             found = cgd.send(Request("GET", "/v1/deployments"))["deployments"]
         else:
             found = cgd.send(Request("GET", f"/v1/deployments/{quote(name, safe='')}"))
-    if as_json or json_wanted():
+    if json_wanted():
         emit_json({"deployments": found} if name is None else deployment_json(found))
     elif name is None:
         emit_lines(list_text(found))

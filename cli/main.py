@@ -25,7 +25,21 @@ from computegroups.cli.status import list_components, status
 from computegroups.cli.topo import topo
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Cgctl(click.Group):
+    """`--json` may come after the command name too (`cgctl list --json`), as people type it.
+
+    It is moved in front of the command before parsing, except after `--`,
+    where it belongs to the worker's command.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        if "--json" in args[:end]:
+            args = ["--json", *(a for a in args[:end] if a != "--json"), *args[end:]]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=Cgctl, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--socket", metavar="PATH", envvar="CG_SOCKET",
               help="cgd's socket (default: the user or system socket; env CG_SOCKET).")
 @click.option("--simulate", metavar="NAME|PATH", envvar="CG_SIMULATE",

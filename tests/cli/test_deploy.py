@@ -127,7 +127,7 @@ def test_get_prints_the_tree_and_lists_without_a_name(cgd: FakeCgd) -> None:
     assert text.splitlines()[0] == "deployment rs  1 replica  owner ada  file /srv/rs.toml"
     assert "    component w (rs-0-w)  1 replica  running  groups: rs-0-w-0-kv" in text
     assert "      0  primary  running  pids 42  GPU 0[2GiB/0%]  groups: rs-0-w-0-kv" in text
-    assert json.loads(run(get, "rs", "--json").stdout) == deployment_json(tree())
+    assert json.loads(run(get, "rs", json_output=True).stdout) == deployment_json(tree())
     assert run(get).stdout.splitlines()[1].split() == ["rs", "1", "1", "1", "1", "ada", "/srv/rs.toml"]
 
 

@@ -330,3 +330,11 @@ def test_a_command_that_cannot_start_is_refused_and_nothing_is_allocated(cgd: Cg
         assert error.startswith(f"cgctl: error: {message}"), error
     assert components(cgd) == {}
 
+
+def test_json_may_follow_the_command_name_but_never_crosses_into_the_workers_command(cgd: Cgd) -> None:
+    ok(cgd, "allocate", "web", "--memory", "1GiB")
+    assert [c["name"] for c in json.loads(ok(cgd, "list", "--json"))["components"]] == ["web"]
+    said = ok(cgd, "run", "--memory", "1GiB", "--", sys.executable, "-c", "import sys; print(sys.argv[1:])",
+              "--json")
+    assert said.strip() == "['--json']"
+

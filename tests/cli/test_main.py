@@ -28,3 +28,4 @@ def test_usage_errors_are_one_line(args: list[str], expected: str) -> None:
 def test_help_still_exits_zero() -> None:
     done = subprocess.run([_executable("cgctl"), "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and "allocate" in done.stdout
+
