@@ -9,6 +9,7 @@ import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
 from computegroups.cli.options import (
+    NAME,
     DurationType,
     attach_options,
     build_component,
@@ -22,7 +23,7 @@ from computegroups.daemon.client.sync import CgdClient
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", type=NAME)
 @claim_options
 @shape_options
 @attach_options
@@ -56,7 +57,7 @@ def _require_reservation(cgd: CgdClient, name: str) -> None:
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", type=NAME)
 @claim_options
 @shape_options
 @click.option("--ttl", type=DurationType(), default="10m", show_default=True,

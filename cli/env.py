@@ -14,10 +14,11 @@ from computegroups.cli.connect import (
     json_wanted,
     talking,
 )
+from computegroups.cli.options import NAME
 
 
 @click.command()
-@click.argument("name", shell_complete=complete_components)
+@click.argument("name", type=NAME, shell_complete=complete_components)
 @click.option("--replica", type=click.IntRange(min=0), default=0, show_default=True)
 def env(name: str, replica: int) -> None:
     """Print `export` lines with the environment of NAME's replica."""

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from computegroups.cli.connect import client, complete_components, json_wanted, talking
+from computegroups.cli.options import NAME
 from computegroups.daemon.client.errors import CgdError
 from computegroups.daemon.client.sync import CgdClient
 
@@ -16,7 +17,7 @@ POLL_S = 0.5
 
 
 @click.command()
-@click.argument("name", shell_complete=complete_components)
+@click.argument("name", type=NAME, shell_complete=complete_components)
 @click.option("--replica", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--stream", type=click.Choice(["stdout", "stderr"]), default="stdout", show_default=True)
 @click.option("--tail", type=click.IntRange(min=0), help="Only the last N lines.")

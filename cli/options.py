@@ -26,6 +26,23 @@ _TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _NUMBER = r"\d+(?:\.\d+)?"
 
 
+class NameType(click.ParamType):
+    """A component name, checked by the model's own rule: a mistyped name is a usage error (exit 2)."""
+
+    name = "NAME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from computegroups.daemon.model.names import name_problem
+
+        problem = name_problem(value)
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        return str(value)
+
+
+NAME = NameType()
+
+
 class SizeType(click.ParamType):
     """A memory size: `20GiB`, `512MiB`, `20G`. cgd counts MiB."""
 

@@ -16,13 +16,14 @@ from computegroups.cli.connect import (
     talking,
 )
 from computegroups.cli.deploy import deployment_names, emit_changed, scale_deployment
+from computegroups.cli.options import NAME
 from computegroups.cli.render import component_json, component_text
 from computegroups.daemon.client.errors import CgdError
 from computegroups.daemon.client.sync import CgdClient
 
 
 @click.command()
-@click.argument("name", required=False, shell_complete=complete_components)
+@click.argument("name", type=NAME, required=False, shell_complete=complete_components)
 @click.option("--all", "everything", is_flag=True, help="Release all of your components and reservations.")
 def release(name: str | None, everything: bool) -> None:
     """Release component (or reservation) NAME, stopping its workers."""
@@ -71,7 +72,7 @@ def _release_all(cgd: CgdClient) -> dict[str, Any]:
 
 
 @click.command()
-@click.argument("name", shell_complete=complete_components)
+@click.argument("name", type=NAME, shell_complete=complete_components)
 @click.option("--replicas", type=click.IntRange(min=0), required=True, help="The new replica count.")
 def scale(name: str, replicas: int) -> None:
     """Change NAME's replica count: scale-in stops the highest replicas and
@@ -90,7 +91,7 @@ def scale(name: str, replicas: int) -> None:
 
 
 @click.command()
-@click.argument("name", shell_complete=complete_components)
+@click.argument("name", type=NAME, shell_complete=complete_components)
 @click.option("--replica", type=click.IntRange(min=0), default=None,
               help="Restart only this replica (default: all of them).")
 def restart(name: str, replica: int | None) -> None:

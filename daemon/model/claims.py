@@ -27,18 +27,16 @@ from computegroups.daemon.model.decoding import (
     to_plain,
 )
 from computegroups.daemon.model.enums import StrEnum
+from computegroups.daemon.model.names import NAME_PATTERN, NAME_PROBLEM, NAME_RE
 from computegroups.topology.model import DomainKind
 
 MAX_GPUS = 1024
 _UNIT_MIB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(?:i?b)?)?\s*", re.IGNORECASE)
 
-NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-NAME_RE = re.compile(NAME_PATTERN[1:-1])
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 """A component, group, reservation or deployment name: it becomes part of file names and group ids."""
-PATTERN_PROBLEMS[NAME_PATTERN] = ("{value} is not a valid name: use 1-63 lowercase letters, digits and '-', "
-                                  "starting with a letter or digit")
+PATTERN_PROBLEMS[NAME_PATTERN] = NAME_PROBLEM
 _MIG_PATTERN = r"^\S(?:.*\S)?$"
 PATTERN_PROBLEMS[_MIG_PATTERN] = "expected a MIG profile name such as '1g.10gb', got {value}"
 

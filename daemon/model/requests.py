@@ -18,13 +18,14 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from computegroups.daemon.model.claims import NAME_PATTERN, NAME_RE, Claim, Name
+from computegroups.daemon.model.claims import Claim, Name
 from computegroups.daemon.model.decoding import (
     PATTERN_PROBLEMS,
     ModelError,
     convert,
 )
 from computegroups.daemon.model.enums import Scope
+from computegroups.daemon.model.names import NAME_PATTERN, NAME_RE
 
 __all__ = [
     "MAX_REPLICAS", "NAME_RE", "RESERVED_ENV_PREFIXES", "SCOPES", "ComponentRequest", "ComponentSpec",
