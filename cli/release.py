@@ -72,7 +72,7 @@ def _release_all(cgd: CgdClient) -> dict[str, Any]:
 
 
 @click.command()
-@click.argument("name", type=NAME, shell_complete=complete_components)
+@click.argument("name", shell_complete=complete_components)  # may be a deployment path S/G
 @click.option("--replicas", type=click.IntRange(min=0), required=True, help="The new replica count.")
 def scale(name: str, replicas: int) -> None:
     """Change NAME's replica count: scale-in stops the highest replicas and

@@ -17,7 +17,7 @@ from tests.daemon_fixture import _executable
         (["allocate", "x", "--memory", "20XB"], "not a size: '20XB'"),
         (["no-such-command"], "cgctl: error: No such command 'no-such-command'"),
         (["allocate", "Bad_Name", "--gpus", "1"], "Invalid value for 'NAME': 'Bad_Name' is not a valid name"),
-        (["scale", "web.1", "--replicas", "2"], "Invalid value for 'NAME': 'web.1' is not a valid name"),
+        (["restart", "web.1"], "Invalid value for 'NAME': 'web.1' is not a valid name"),
     ],
 )
 def test_usage_errors_are_one_line(args: list[str], expected: str) -> None:
