@@ -7,6 +7,13 @@ one, fsync the directory. A rename is atomic, so a reader (which takes no
 lock) sees the old generation or the new one, never half a file, and a writer
 killed at any instant leaves a state that loads.
 
+A commit may leave the two fsyncs to a later `sync()` (`transaction(sync=False)`),
+so that changes committed while one fsync runs share the next (group commit).
+Until then the change is visible but not durable: nothing may act on it. The
+backup only ever becomes a file that is durable, so a power cut that tears
+the newest state file falls back to a generation at least as new as the last
+one `sync()` returned for.
+
 Loading never makes up an empty state: only a directory with neither the
 state file nor its backup is new. A bad state file falls back to the backup
 with a warning naming both; two bad files are a refusal.
@@ -23,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 import filelock
 import msgspec
@@ -82,6 +90,11 @@ class StateStore:
         self._file_lock = filelock.FileLock(str(self.lock_path), mode=0o600)
         self._thread_lock = threading.Lock()
         self._in_transaction = threading.local()
+        self.durable_generation = -1
+        """The newest generation known to be on disk (fsync'd, file and directory); -1 until the first read."""
+        self._written_generation = -1
+        self._poisoned: str | None = None
+        """Why the store refuses every change: an fsync failed, and what the disk holds is no longer known."""
         self._last_commit: tuple[bytes, StateDoc] | None = None
         """The bytes this store last wrote and a private copy of their document, guarded by the thread lock.
 
@@ -96,18 +109,86 @@ class StateStore:
         """The last committed state, without taking the lock (a rename is atomic)."""
         return self._read(self._read_bytes(self.path)).doc
 
-    def transaction(self, timeout: float | None = None) -> Transaction:
-        """A locked read-modify-write; `timeout` (seconds) overrides the store's `lock_timeout`."""
-        return Transaction(self, self.lock_timeout if timeout is None else timeout)
+    def transaction(self, timeout: float | None = None, *, sync: bool = True) -> Transaction:
+        """A locked read-modify-write; `timeout` (seconds) overrides the store's `lock_timeout`.
+
+        With `sync=False` the commit is written but not fsync'd: call
+        `sync()` before acting on it or acknowledging it.
+        """
+        return Transaction(self, self.lock_timeout if timeout is None else timeout, sync)
+
+    def sync(self, generation: int | None = None) -> None:
+        """Make every generation up to `generation` (default: the last written) durable.
+
+        Safe to call from another thread while transactions commit: it
+        fsyncs whichever state file is current when it starts, which holds
+        at least `generation`. A failure poisons the store (see `_poisoned`).
+        """
+        if getattr(self._in_transaction, "open", False):
+            raise StateError("sync() inside a transaction would wait for itself: call it after the block")
+        with self._thread_lock:
+            self._check_usable()
+            target = self._written_generation if generation is None else generation
+            if self.durable_generation >= target:
+                return
+            current = self._written_generation
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as failed:
+                self._poison(failed)
+        try:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _fsync_directory(self.directory)
+        except OSError as failed:
+            with self._thread_lock:
+                self._poison(failed)
+        with self._thread_lock:
+            self.durable_generation = max(self.durable_generation, current)
+
+    def _poison(self, failed: OSError) -> NoReturn:
+        """After a failed fsync the kernel may have dropped the dirty pages and cleared the error:
+        a retry could "succeed" with nothing on disk. Refuse everything until a restart reads the disk again."""
+        self._poisoned = (
+            f"could not make the state in {self.directory} durable: {failed.strerror} "
+            f"({failed.filename or self.path}). Changes since the last durable generation may be lost; "
+            "restart cgd to read what the disk holds"
+        )
+        raise StateError(self._poisoned) from failed
+
+    def _check_usable(self) -> None:
+        if self._poisoned is not None:
+            raise StateError(self._poisoned)
 
     # Reading.
 
     def _read_locked(self) -> _Loaded:
+        self._check_usable()
         last, self._last_commit = self._last_commit, None
         main = self._read_bytes(self.path)
         if last is not None and main == last[0]:
             return _Loaded(last[1], self.path, main, rewrite=False)
-        return self._read(main)
+        loaded = self._read(main)
+        if loaded.generation != self._written_generation:
+            self._adopt_disk(loaded)
+        return loaded
+
+    def _adopt_disk(self, loaded: _Loaded) -> None:
+        """A state this store did not write (first read, or another process committed): make it durable
+        once, so the backup rule (only durable files become the backup) holds from here."""
+        if loaded.source is not None:
+            try:
+                fd = os.open(loaded.source, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                _fsync_directory(self.directory)
+            except OSError as failed:
+                raise StateError(f"cannot make the state in {self.directory} durable: {failed.strerror}") from None
+        self._written_generation = self.durable_generation = loaded.generation
 
     def _read(self, main: bytes | None) -> _Loaded:
         """`main` is the state file's content, None when it does not exist."""
@@ -223,7 +304,7 @@ class StateStore:
 
     # Writing.
 
-    def _commit(self, loaded: _Loaded, doc: StateDoc) -> bool:
+    def _commit(self, loaded: _Loaded, doc: StateDoc, sync: bool) -> bool:
         generation = loaded.generation
         body = encode_body(doc)
         validated = decode_validated(generation, body, doc)
@@ -232,7 +313,7 @@ class StateStore:
         if written:
             payload = seal(generation + 1, body)
             try:
-                self._write(payload, loaded)
+                self._write(payload, loaded, sync)
             except OSError as failed:
                 raise StateError(
                     f"could not commit generation {generation + 1} in {self.directory}: {failed.strerror} "
@@ -240,23 +321,28 @@ class StateStore:
                     f"transaction finds generation {generation} or {generation + 1}."
                 ) from failed
             validated.generation = doc.generation = generation + 1
+            self._written_generation = generation + 1
+            if sync:
+                self.durable_generation = generation + 1
         if loaded.source is not None or written:
             self._last_commit = (payload, validated)
         return written
 
-    def _write(self, payload: bytes, loaded: _Loaded) -> None:
+    def _write(self, payload: bytes, loaded: _Loaded, sync: bool) -> None:
         staging = self.directory / (STATE_FILE + ".tmp")
-        _write_synced(staging, payload)
+        _write_file(staging, payload, sync)
         if loaded.source == self.path:
-            self._keep_backup(loaded.raw)
+            if self.durable_generation >= loaded.generation:
+                self._keep_backup(loaded.raw)
         elif loaded.source == self.backup_path and self.path.exists():
             os.replace(self.path, _unused(self.directory / f"{STATE_FILE}.corrupt-{_stamp()}"))
         if loaded.migrated_from is not None:
             old = self.directory / f"{STATE_FILE}.v{loaded.migrated_from}"
             if not old.exists():
-                _write_synced(old, loaded.raw)
+                _write_file(old, loaded.raw)
         os.replace(staging, self.path)
-        _fsync_directory(self.directory)
+        if sync:
+            _fsync_directory(self.directory)
 
     def _keep_backup(self, previous: bytes) -> None:
         """The state file about to be replaced becomes the backup; it is never written in place, so a link is a copy."""
@@ -267,7 +353,7 @@ class StateStore:
         except OSError as failed:
             if failed.errno not in _NO_HARD_LINKS:
                 raise
-            _write_synced(staging, previous)
+            _write_file(staging, previous)
         os.replace(staging, self.backup_path)
 
 
@@ -278,15 +364,18 @@ class Transaction:
     hands over the document to change in place; `txn.doc = other` replaces it
     whole. On a normal exit the document is validated, its generation bumped
     and the file written durably before the `with` statement ends, so whatever
-    the caller does next (spawning a process) never runs ahead of the disk.
+    the caller does next (spawning a process) never runs ahead of the disk;
+    with `sync=False` it is written before the block ends and made durable by
+    the store's `sync()`, which must come before anything acts on it.
     An exception inside the block writes nothing. A document that did not
     change is not written and keeps its generation (see `written`). The
     caller never sets `generation` or `schema_version`: the store does.
     """
 
-    def __init__(self, store: StateStore, timeout: float) -> None:
+    def __init__(self, store: StateStore, timeout: float, sync: bool = True) -> None:
         self._store = store
         self._timeout = timeout
+        self._sync = sync
         self._loaded: _Loaded | None = None
         self._doc: StateDoc | None = None
         self._used = False
@@ -335,7 +424,7 @@ class Transaction:
     ) -> None:
         try:
             if exc_type is None and self._loaded is not None and self._doc is not None:
-                self.written = self._store._commit(self._loaded, self._doc)
+                self.written = self._store._commit(self._loaded, self._doc, self._sync)
                 self.committed = self._doc
         finally:
             self._doc = None
@@ -385,13 +474,14 @@ _REFUSAL_HINT = (
 )
 
 
-def _write_synced(path: Path, payload: bytes) -> None:
+def _write_file(path: Path, payload: bytes, sync: bool = True) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         view = memoryview(payload)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
 
