@@ -6,9 +6,11 @@
   the load every allocation was released, so whatever is still booked was
   lost by a race.
 - Worker: allocate + start a worker + release, until the worker runs with its
-  environment (read in /proc), against first-fit + `subprocess.Popen`.
+  environment (read in /proc), with a small state and with 1000 live groups,
+  against first-fit + `subprocess.Popen`; the start also against the start of
+  a bare interpreter, `python -I -S -c pass` (the launch shim is one).
 - cgctl: `cgctl allocate NAME ... -- CMD` until the worker runs, against the
-  naive launcher script; `cgctl --version` start-up against a bare `python`.
+  naive launcher script; `cgctl --version` start-up against `python -c "import click"`.
 
     python -m benchmarks.e2e [--quick]
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 from benchmarks.baselines import MARKER, Bookings, launch, reap
 from benchmarks.harness import (
     SLEEP,
+    compile_bytecode,
     kill_all,
     marked_processes,
     ok,
@@ -41,6 +44,9 @@ from tests.daemon_fixture import Cgd, _executable
 
 CLIENTS = (1, 8, 32)
 SHARE_MIB = 1024
+LIVE_GROUPS = 1000
+START_POLL_S = 0.0002
+"""How often /proc is read while a worker starts: a start takes a few milliseconds."""
 
 
 @dataclass
@@ -149,9 +155,36 @@ def worker_cycle(quick: bool) -> Table:
     """One client: allocate, start a worker, see it run with its GPUs, release it."""
     reps = 10 if quick else 40
     table = Table("Allocate + start a worker + release (until the worker runs with its environment)",
-                  ["system", "samples", "start p50 ms", "start p99 ms", "cycle p50 ms", "cycle p99 ms",
-                   "cycle vs naive"])
-    naive_start, naive_cycle = [], []
+                  ["system", "live groups", "samples", "start p50 ms", "start p99 ms", "start vs python -I -S",
+                   "cycle p50 ms", "cycle p99 ms", "cycle vs naive"])
+    floor = _times(lambda: _quiet([sys.executable, "-I", "-S", "-c", "pass"]), reps)
+    naive_start, naive_cycle = _naive_cycles(reps)
+    with running_cgd() as cgd:
+        measured = {0: _cgd_cycles(cgd, reps, "small")}
+        _live_groups(cgd, LIVE_GROUPS)
+        measured[LIVE_GROUPS] = _cgd_cycles(cgd, reps, "large")
+    for live, (start, cycle) in measured.items():
+        table.add("cgd", live, len(cycle), ms(percentile(start, 50)), ms(percentile(start, 99)),
+                  ratio(percentile(start, 50), percentile(floor, 50)), ms(percentile(cycle, 50)),
+                  ms(percentile(cycle, 99)), ratio(percentile(cycle, 50), percentile(naive_cycle, 50)))
+    table.add("naive", 0, len(naive_cycle), ms(percentile(naive_start, 50)), ms(percentile(naive_start, 99)),
+              ratio(percentile(naive_start, 50), percentile(floor, 50)), ms(percentile(naive_cycle, 50)),
+              ms(percentile(naive_cycle, 99)), "1.00x")
+    table.add("python -I -S -c pass", None, len(floor), ms(percentile(floor, 50)), ms(percentile(floor, 99)),
+              "1.00x", None, None, "-")
+    table.note("The worker is `sleep`, so what is timed is the manager, not the worker. cgd's start is "
+               "request to reply (the allocation's commit, the spawn through circus, the commit of the "
+               "worker's pid) and then until /proc shows the worker exec'd with its environment: the launch "
+               "shim (a compiled stdlib-only script run by `python -I -S`) opens its logs, drops privileges "
+               "and execs it. Its release stops the worker (SIGTERM, wait) and commits again.")
+    table.note(f"live groups: {LIVE_GROUPS} components holding a 64 MiB share each, allocated before the "
+               "second cgd row; the state commits grow with them. `python -I -S -c pass`: a bare "
+               "interpreter run to its end by subprocess, measured in the same run.")
+    return table
+
+
+def _naive_cycles(reps: int) -> tuple[list[float], list[float]]:
+    start, cycle = [], []
     with scratch("cg-naive-") as root:
         books = Bookings(root / "books.json")
         for n in range(reps):
@@ -159,30 +192,33 @@ def worker_cycle(quick: bool) -> Table:
             gpus = books.allocate(f"w{n}", memory_mib=SHARE_MIB)
             assert gpus is not None
             child = launch(SLEEP, gpus, SHARE_MIB, str(root))
-            wait_for(partial(worker_running, child.pid, MARKER))
-            naive_start.append(time.perf_counter() - begin)
+            wait_for(partial(worker_running, child.pid, MARKER), interval=START_POLL_S)
+            start.append(time.perf_counter() - begin)
             reap([child])
             books.release(f"w{n}")
-            naive_cycle.append(time.perf_counter() - begin)
-    cgd_start, cgd_cycle = [], []
-    with running_cgd() as cgd:
-        for n in range(reps):
-            begin = time.perf_counter()
-            reply = ok(cgd, "POST", "/v1/components", {"name": f"w{n}", "claim": {"memory_mib": SHARE_MIB},
-                                                        "command": list(SLEEP)}, expect=201)
-            pid = reply["replicas"][0]["pids"][0]
-            wait_for(partial(worker_running, pid))
-            cgd_start.append(time.perf_counter() - begin)
-            ok(cgd, "DELETE", f"/v1/components/w{n}")
-            cgd_cycle.append(time.perf_counter() - begin)
-    for system, start, cycle in (("cgd", cgd_start, cgd_cycle), ("naive", naive_start, naive_cycle)):
-        table.add(system, len(cycle), ms(percentile(start, 50)), ms(percentile(start, 99)),
-                  ms(percentile(cycle, 50)), ms(percentile(cycle, 99)),
-                  ratio(percentile(cycle, 50), percentile(naive_cycle, 50)))
-    table.note("The worker is `sleep`, so what is timed is the manager, not the worker. cgd's start goes "
-               "through the state commit, circus and a launch shim that drops privileges and execs the "
-               "worker; its release stops the worker (SIGTERM, wait) and commits again.")
-    return table
+            cycle.append(time.perf_counter() - begin)
+    return start, cycle
+
+
+def _cgd_cycles(cgd: Cgd, reps: int, prefix: str) -> tuple[list[float], list[float]]:
+    start, cycle = [], []
+    for n in range(reps):
+        name = f"{prefix}{n}"
+        begin = time.perf_counter()
+        reply = ok(cgd, "POST", "/v1/components", {"name": name, "claim": {"memory_mib": SHARE_MIB},
+                                                    "command": list(SLEEP)}, expect=201)
+        pid = reply["replicas"][0]["pids"][0]
+        wait_for(partial(worker_running, pid), interval=START_POLL_S)
+        start.append(time.perf_counter() - begin)
+        ok(cgd, "DELETE", f"/v1/components/{name}")
+        cycle.append(time.perf_counter() - begin)
+    return start, cycle
+
+
+def _live_groups(cgd: Cgd, count: int) -> None:
+    """`count` more groups in the state: components that hold a small share and run nothing."""
+    for n in range(count):
+        ok(cgd, "POST", "/v1/components", {"name": f"live{n}", "claim": {"memory_mib": 64}}, expect=201)
 
 
 def cli(quick: bool) -> Table:
@@ -190,10 +226,16 @@ def cli(quick: bool) -> Table:
     table = Table("cgctl: start-up, and `cgctl allocate NAME --memory 1GiB -- CMD` until the worker runs",
                   ["command", "samples", "p50 ms", "p99 ms", "vs baseline", "baseline"])
     cgctl = _executable("cgctl")
+    compile_bytecode()
     floor = _times(lambda: _quiet([sys.executable, "-c", "pass"]), reps)
+    click_floor = _times(lambda: _quiet([sys.executable, "-c", "import click"]), reps)
     version = _times(lambda: _quiet([cgctl, "--version"]), reps)
-    table.add("cgctl --version", reps, ms(percentile(version, 50)), ms(percentile(version, 99)),
-              ratio(percentile(version, 50), percentile(floor, 50)), "python -c pass")
+    helped = _times(lambda: _quiet([cgctl, "--help"]), reps)
+    for what, times in (("cgctl --version", version), ("cgctl --help", helped)):
+        table.add(what, reps, ms(percentile(times, 50)), ms(percentile(times, 99)),
+                  ratio(percentile(times, 50), percentile(click_floor, 50)), "python -c 'import click'")
+    table.add("python -c 'import click'", reps, ms(percentile(click_floor, 50)), ms(percentile(click_floor, 99)),
+              ratio(percentile(click_floor, 50), percentile(floor, 50)), "python -c pass")
     table.add("python -c pass", reps, ms(percentile(floor, 50)), ms(percentile(floor, 99)), "1.00x", "")
     naive: list[float] = []
     with scratch("cg-naive-") as root:
@@ -204,7 +246,7 @@ def cli(quick: bool) -> Table:
                 begin = time.perf_counter()
                 pid = int(subprocess.run(launcher, capture_output=True, text=True, check=True,
                                          cwd=Path(__file__).resolve().parent.parent).stdout)
-                wait_for(partial(worker_running, pid, MARKER))
+                wait_for(partial(worker_running, pid, MARKER), interval=START_POLL_S)
                 naive.append(time.perf_counter() - begin)
         finally:
             kill_all(marked_processes(MARKER, str(root)))
@@ -217,17 +259,20 @@ def cli(quick: bool) -> Table:
             if done.returncode != 0:
                 raise RuntimeError(f"cgctl allocate failed: {done.stderr}")
             pid = json.loads(done.stdout)["replicas"][0]["pids"][0]
-            wait_for(partial(worker_running, pid))
+            wait_for(partial(worker_running, pid), interval=START_POLL_S)
             ours.append(time.perf_counter() - begin)
         listing = _times(lambda: cgd.cgctl("list").check_returncode(), reps)
     table.add("cgctl allocate ... -- sleep", reps, ms(percentile(ours, 50)), ms(percentile(ours, 99)),
               ratio(percentile(ours, 50), percentile(naive, 50)), "naive launcher")
     table.add("naive launcher -- sleep", reps, ms(percentile(naive, 50)), ms(percentile(naive, 99)), "1.00x", "")
     table.add(f"cgctl list ({reps} components)", reps, ms(percentile(listing, 50)), ms(percentile(listing, 99)),
-              ratio(percentile(listing, 50), percentile(floor, 50)), "python -c pass")
+              ratio(percentile(listing, 50), percentile(click_floor, 50)), "python -c 'import click'")
     table.note("naive launcher: `python -m benchmarks.baselines launch`, first-fit on a bookings file then "
                "Popen, a script of the same size as cgctl's work; both are timed until the worker process "
                "has its CUDA_VISIBLE_DEVICES in /proc.")
+    table.note("The project's modules are compiled to bytecode first, as installing them compiles them: "
+               "an editable install under PYTHONDONTWRITEBYTECODE would compile cgctl's modules (and the "
+               "launcher's) from source on every run.")
     table.note(f"mean cgctl allocate {ms(mean(ours)):.1f} ms, of which start-up about "
                f"{ms(percentile(version, 50)):.1f} ms.")
     return table

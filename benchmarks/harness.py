@@ -8,6 +8,7 @@ see the processes as the kernel does.
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import signal
@@ -26,6 +27,22 @@ SLEEP = (shutil.which("sleep") or "/bin/sleep", "86400")
 """The cheapest worker there is: what is measured is cgd, not the worker's start-up."""
 
 TICKS = os.sysconf("SC_CLK_TCK")
+REPO = Path(__file__).resolve().parent.parent
+SOURCES = ("daemon", "cli", "topology", "statefiles", "benchmarks", "tests")
+"""The repository's folders of Python modules: the installed project and what the benchmarks run."""
+
+
+def compile_bytecode() -> None:
+    """Compile the project's modules as installing it does.
+
+    A program's start-up is timed as users meet it: an installed package
+    comes with its bytecode, while an editable install under
+    PYTHONDONTWRITEBYTECODE would compile every module from source on every
+    start.
+    """
+    for folder in SOURCES:
+        if not compileall.compile_dir(REPO / folder, quiet=1):
+            raise RuntimeError(f"compiling {REPO / folder} failed")
 
 
 @contextmanager

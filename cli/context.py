@@ -1,16 +1,17 @@
 """What every cgctl command gets from the global options.
 
-Frozen so a command cannot change what the next one sees; the attribute
-names (`socket`, `simulate`, `json`) are the ones `computegroups.cli.connect` reads.
+Immutable so a command cannot change what the next one sees; the attribute
+names (`socket`, `simulate`, `json`) are the ones `computegroups.cli.connect`
+reads. A NamedTuple rather than a dataclass: `typing` is loaded with click
+anyway, `dataclasses` would be one more import on every start.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class CliContext:
+class CliContext(NamedTuple):
     socket: str | None = None
     simulate: str | None = None
     json: bool = False

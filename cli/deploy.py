@@ -14,11 +14,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # the same parser, before it joined the standard library
-    import tomli as tomllib
-
 import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, fail, json_wanted, talking
@@ -120,6 +115,11 @@ def deployment_names(cgd: CgdClient) -> set[str]:
 def read_file(path: str) -> dict[str, Any]:
     """The TOML file as JSON-ready data; a file cgctl cannot read or parse
     fails here with its name, before cgd is asked anything."""
+    # The parser loads here, not with the module: `cgctl --help` and `scale` import this module too.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the same parser, before it joined the standard library
+        import tomli as tomllib
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

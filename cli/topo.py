@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from computegroups.cli.connect import fail
 from computegroups.cli.context import CliContext
-from computegroups.topology.model import Machine
 from computegroups.topology.ranges import format_ranges
+
+if TYPE_CHECKING:  # loaded by the command when it runs, not by `cgctl --help`
+    from computegroups.topology.model import Machine
 
 LEGEND = (
     "  X    = Self",

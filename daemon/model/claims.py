@@ -10,8 +10,6 @@ compares claims by it.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -28,11 +26,10 @@ from computegroups.daemon.model.decoding import (
 )
 from computegroups.daemon.model.enums import StrEnum
 from computegroups.daemon.model.names import NAME_PATTERN, NAME_PROBLEM, NAME_RE
+from computegroups.daemon.model.sizes import parse_size
 from computegroups.topology.model import DomainKind
 
 MAX_GPUS = 1024
-_UNIT_MIB = {"": 1, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([kmgt])(?:i?b)?)?\s*", re.IGNORECASE)
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 """A component, group, reservation or deployment name: it becomes part of file names and group ids."""
@@ -211,26 +208,6 @@ def _check_ranges(c: Claim) -> None:
             raise ValueError("gpu_ids: a GPU is listed twice")
         if c.gpus is not None and len(c.gpu_ids) < c.gpus:
             raise ValueError(f"gpu_ids: pins {len(c.gpu_ids)} GPUs but gpus asks for {c.gpus}")
-
-
-def parse_size(text: str | int) -> int:
-    """A memory size in MiB.
-
-    A bare number is MiB. Units are binary whatever their spelling: `20G`,
-    `20GB` and `20GiB` are all 20480 MiB, because GPU memory is sold in
-    "GB" that are GiB and nobody means 10^9 bytes when sizing a share.
-    Fractions round up to the next MiB so a share is never smaller than asked.
-    """
-    if isinstance(text, int) and not isinstance(text, bool):
-        mib = text
-    else:
-        match = _SIZE_RE.fullmatch(text) if isinstance(text, str) else None
-        if not match:
-            raise ValueError(f"not a size: {text!r} (use a number of MiB or units MiB/GiB/TiB, e.g. '20GiB')")
-        mib = math.ceil(float(match.group(1)) * _UNIT_MIB[(match.group(2) or "").lower()])
-    if mib < 1:
-        raise ValueError(f"a size must be at least 1 MiB, got {text!r}")
-    return mib
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,16 @@ overwrite another distribution's top-level `daemon` or `cli` package. This
 file is the root package itself (setup.cfg maps `computegroups` here).
 
 The short public names load on first use (PEP 562): `cgctl` imports
-`computegroups.cli` and must not pay for the client library.
+`computegroups.cli` and must not pay for the client library. Nothing else
+is imported either (not even `typing`): every `cgctl` and every program that
+imports any part of the project starts by importing this file.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False
 
 __version__ = "0.1.0"
 
@@ -32,6 +35,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from computegroups.daemon.client.aio import AsyncCgdClient
     from computegroups.daemon.client.errors import CgdError
     from computegroups.daemon.client.manager import ComputeGroupManager

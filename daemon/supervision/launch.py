@@ -1,4 +1,4 @@
-"""The first program of every worker: `python -I -m computegroups.daemon.supervision.launch --spec FILE`.
+"""The first program of every worker: `python -I -S .../launch.pyc SPEC_FILE` (see `shim_argv`).
 
 circus starts this shim; the shim opens the worker's log files, becomes the
 worker's user, and then execs the worker's command in place, so the pid
@@ -19,83 +19,144 @@ Why a shim rather than circus's own options:
   circus starts the shim with an empty environment; the worker gets exactly
   the environment in the spec.
 
-Only the standard library is used: the shim runs before anything is known
-to be importable as the worker's user.
+Its start-up is part of every worker's start, so it costs what a bare
+interpreter costs and little more:
+
+- this file is run as a script with `-I -S`: no site-packages (nor the
+  script's folder) on sys.path, so nothing but the standard library can be
+  imported, and nothing of the installation's .pth files runs as root;
+- cgd compiles it once, at start, into its private directory
+  (`compile_shim`), so no start pays for compiling it (a millisecond);
+- it imports only modules that are built in or cost well under a
+  millisecond: `signal` and `json` would each load `enum` (and `json` also
+  `re`), more time than everything else the shim does. Hence `_signal`,
+  which `signal` only wraps in enums, and a spec of NUL-separated strings
+  (argv and environment as the kernel takes them), which needs no parser.
+
+cgd imports this module too (it writes the spec), so the format has one
+definition.
 """
 
 from __future__ import annotations
 
-import json
+import _signal  # type: ignore[import-not-found]  # typeshed types only `signal`
 import os
 import pwd
-import signal
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import NoReturn
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import NoReturn
 
 LOG_MODE = 0o640
 SPEC_MODE = 0o600
+SPEC_SUFFIX = ".spec"
 EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
+_FORMAT = "cg-launch-1"
+"""The first field of every spec: a shim never execs a file it does not understand."""
+_ENCODING = ("utf-8", "surrogateescape")
+"""As `os.fsencode` on Linux: any bytes of a path or argument go through unchanged."""
 
 
-@dataclass(frozen=True)
 class LaunchSpec:
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    uid: int
-    gid: int
-    stdout: str
-    stderr: str
-    cwd: str | None = None
+    """What the shim needs: the command, its complete environment, its user
+    and its log files. Encoded as `cg-launch-1`, uid, gid, stdout, stderr,
+    cwd (empty for none), the number of arguments, the arguments, then one
+    `KEY=VALUE` per variable, separated by NUL (no field can hold one: the
+    kernel takes every one of them as a C string)."""
 
-    def to_json(self) -> str:
-        return json.dumps({
-            "argv": list(self.argv), "env": dict(self.env), "uid": self.uid, "gid": self.gid,
-            "stdout": self.stdout, "stderr": self.stderr, "cwd": self.cwd,
-        })
+    __slots__ = ("argv", "cwd", "env", "gid", "stderr", "stdout", "uid")
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], uid: int, gid: int,
+                 stdout: str, stderr: str, cwd: str | None = None) -> None:
+        self.argv = tuple(argv)
+        self.env = dict(env)
+        self.uid = uid
+        self.gid = gid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.cwd = cwd
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LaunchSpec) and self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return f"LaunchSpec{self._fields()!r}"
+
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def encode(self) -> bytes:
+        if not self.argv:
+            raise ValueError("argv must not be empty")
+        for key in self.env:
+            if not key or "=" in key:
+                raise ValueError(f"environment variable name {key!r} is empty or holds '='")
+        fields = [_FORMAT, str(self.uid), str(self.gid), self.stdout, self.stderr, self.cwd or "",
+                  str(len(self.argv)), *self.argv, *(f"{k}={v}" for k, v in self.env.items())]
+        if any("\0" in f for f in fields):
+            raise ValueError("no argument, variable or path may hold a NUL byte")
+        return "\0".join(fields).encode(*_ENCODING)
 
     @classmethod
-    def from_json(cls, text: str) -> LaunchSpec:
-        data = json.loads(text)
-        argv = data["argv"]
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+    def decode(cls, data: bytes) -> LaunchSpec:
+        fields = data.decode(*_ENCODING).split("\0")
+        if len(fields) < 8 or fields[0] != _FORMAT:
+            raise ValueError(f"not a {_FORMAT} spec")
+        count = int(fields[6])
+        argv, variables = fields[7:7 + count], fields[7 + count:]
+        if count < 1 or len(argv) != count:
             raise ValueError("argv must be a non-empty list of strings")
-        env = data["env"]
-        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-            raise ValueError("env must map strings to strings")
-        return cls(
-            argv=tuple(argv), env=env, uid=int(data["uid"]), gid=int(data["gid"]),
-            stdout=str(data["stdout"]), stderr=str(data["stderr"]),
-            cwd=data.get("cwd"),
-        )
+        env = {}
+        for item in variables:
+            key, sep, value = item.partition("=")
+            if not key or not sep:
+                raise ValueError(f"environment entry {item!r} is not KEY=VALUE")
+            env[key] = value
+        return cls(argv=argv, env=env, uid=int(fields[1]), gid=int(fields[2]),
+                   stdout=fields[3], stderr=fields[4], cwd=fields[5] or None)
 
 
-def shim_argv(spec_path: str) -> list[str]:
-    """The command circus runs. `-I` keeps PYTHON* variables and the user
-    site directory out of the root part of the launch."""
-    return [sys.executable, "-I", "-m", "computegroups.daemon.supervision.launch", "--spec", spec_path]
+def compile_shim(directory: str) -> str:
+    """This file compiled into `directory` (cgd's private directory, where
+    no other user may write what root then runs): the program `shim_argv`
+    names. Compiled from the source cgd itself loaded, so the shim always
+    matches the cgd that writes its specs."""
+    import py_compile  # cgd's side only: the shim itself never pays for it
+
+    compiled = os.path.join(directory, "launch.pyc")
+    py_compile.compile(os.path.abspath(__file__), cfile=compiled, doraise=True)
+    return compiled
+
+
+def shim_argv(shim: str, spec_path: str) -> list[str]:
+    """The command circus runs: the compiled shim (`compile_shim`) as a
+    script. `-I` keeps PYTHON* variables, the user site directory and the
+    script's folder out of the root part of the launch; `-S` keeps
+    site-packages out, and with them the cost of importing `site`."""
+    return [sys.executable, "-I", "-S", shim, spec_path]
 
 
 def write_spec(path: str, spec: LaunchSpec) -> None:
     """Atomically, readable only by cgd's user: the env may hold secrets."""
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, SPEC_MODE)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(spec.to_json())
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(spec.encode())
     os.replace(tmp, path)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or args[0] != "--spec":
-        _die("usage: python -I -m computegroups.daemon.supervision.launch --spec FILE", 2)
+    if len(args) != 1:
+        _die("usage: python -I -S launch.pyc SPEC_FILE", 2)
     try:
-        with open(args[1], encoding="utf-8") as fh:
-            spec = LaunchSpec.from_json(fh.read())
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        _die(f"cannot read launch spec {args[1]}: {exc}", EXIT_CANNOT_RUN)
+        with open(args[0], "rb") as fh:
+            spec = LaunchSpec.decode(fh.read())
+    except (OSError, ValueError) as exc:
+        _die(f"cannot read launch spec {args[0]}: {exc}", EXIT_CANNOT_RUN)
     _redirect_output(spec)
     try:
         become(spec.uid, spec.gid)
@@ -105,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     _reset_signals()
     _close_other_descriptors()
     try:
-        os.execvpe(spec.argv[0], list(spec.argv), dict(spec.env))
+        os.execvpe(spec.argv[0], list(spec.argv), spec.env)
     except FileNotFoundError:
         _die(f"cannot run {spec.argv[0]!r}: not found (PATH={spec.env.get('PATH', '')})", EXIT_NOT_FOUND)
     except OSError as exc:
@@ -157,9 +218,9 @@ def become(uid: int, gid: int) -> None:
 def _reset_signals() -> None:
     """Python ignores SIGPIPE and SIGXFSZ, and ignored signals stay ignored
     across exec: give the worker the defaults a shell would."""
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
+        _signal.signal(sig, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
 
 
 def _close_other_descriptors() -> None:

@@ -1,11 +1,15 @@
-"""Usage mistakes get one line and exit 2, through the installed executable."""
+"""Usage mistakes get one line and exit 2, through the installed executable; and
+what cgctl loads to start."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 
+import click
 import pytest
 
+from computegroups.cli.main import COMMANDS, cli
 from tests.daemon_fixture import _executable
 
 
@@ -31,3 +35,49 @@ def test_help_still_exits_zero() -> None:
     done = subprocess.run([_executable("cgctl"), "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and "allocate" in done.stdout
 
+
+
+def loaded_by(*args: str) -> set[str]:
+    """Every module in sys.modules once the installed `cgctl ARGS` has run to its exit."""
+    script = _executable("cgctl")
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: print(*sorted(sys.modules), sep='\\n', file=sys.stderr))\n"
+            f"sys.argv = [{script!r}, *{list(args)!r}]\n"
+            f"runpy.run_path({script!r}, run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return set(done.stderr.split())
+
+
+def test_version_loads_no_command_nor_the_daemon_nor_metadata() -> None:
+    """`cgctl --version` costs click and cgctl's own two modules: no command module, no client,
+    no model (msgspec), and no importlib.metadata look-up of the installed distribution."""
+    ours = sorted(m for m in loaded_by("--version") if m.startswith(("computegroups", "msgspec", "importlib.metadata")))
+    assert ours == ["computegroups", "computegroups.cli", "computegroups.cli.context", "computegroups.cli.main"]
+
+
+HELP_MAY_LOAD = ("computegroups.daemon.client", "computegroups.daemon.paths", "computegroups.daemon.model.names",
+                 "computegroups.daemon.model.sizes")
+"""What of computegroups.daemon the command modules may import to be listed: the client they talk
+through, where its socket is, and the model's two standard-library rules for names and sizes."""
+
+
+def test_help_loads_neither_msgspec_nor_the_daemon() -> None:
+    """Listing the commands imports each command's module, but none of them pulls in msgspec or
+    anything of cgd itself: what needs the model imports it when it runs."""
+    loaded = loaded_by("--help")
+    assert "computegroups.cli.allocate" in loaded  # the commands were listed from their modules
+    assert not any(m == "msgspec" or m.startswith("msgspec.") for m in loaded)
+    daemon = sorted(m for m in loaded if m.startswith("computegroups.daemon.")
+                    and m != "computegroups.daemon.model"
+                    and not any(m == p or m.startswith(p + ".") for p in HELP_MAY_LOAD))
+    assert not daemon, f"cgctl --help loads {daemon}"
+
+
+def test_every_listed_command_is_found_under_its_name() -> None:
+    with click.Context(cli) as ctx:
+        for name in COMMANDS:
+            command = cli.get_command(ctx, name)
+            assert isinstance(command, click.Command) and command.name == name, (name, command)
+        assert cli.list_commands(ctx) == sorted(COMMANDS)
+        assert cli.get_command(ctx, "no-such-command") is None

@@ -1,0 +1,88 @@
+"""The launch shim on its own: its spec format, and what its start-up costs.
+
+The shim is the first program of every worker, run as root by
+`python -I -S`: it must start with the standard library alone, and with only
+the modules that cost nothing to import (see daemon/supervision/launch.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from computegroups.daemon.supervision import launch
+from computegroups.daemon.supervision.launch import LaunchSpec, compile_shim, shim_argv, write_spec
+
+COSTLY = {"site", "enum", "re", "json", "typing", "dataclasses", "inspect", "collections"}
+"""Standard modules the shim must not load: each costs about as much as the rest of its start-up."""
+
+
+def spec_in(tmp_path: Path, argv: tuple[str, ...], **env: str) -> LaunchSpec:
+    return LaunchSpec(argv=argv, env={"PATH": "/usr/bin:/bin", **env}, uid=os.getuid(), gid=os.getgid(),
+                      stdout=str(tmp_path / "out.log"), stderr=str(tmp_path / "err.log"), cwd=str(tmp_path))
+
+
+def test_a_spec_reads_back_as_written(tmp_path: Path) -> None:
+    spec = LaunchSpec(argv=("prog", "", "a b", "x=y", "naïve", "\udcff raw byte"),
+                      env={"EMPTY": "", "ODD": "= and 'quotes' and $(circus.env.path)", "UNI": "ü\udcfe"},
+                      uid=1000, gid=100, stdout="/logs/0.out", stderr="/logs/0.err", cwd=None)
+    write_spec(str(tmp_path / "x.spec"), spec)
+    again = LaunchSpec.decode((tmp_path / "x.spec").read_bytes())
+    assert again == spec and again.cwd is None
+    assert LaunchSpec.decode(spec.encode()) == spec
+    assert LaunchSpec.decode(spec_in(tmp_path, ("true",)).encode()).cwd == str(tmp_path)
+
+
+@pytest.mark.parametrize(("spec", "problem"), [
+    (LaunchSpec(argv=(), env={}, uid=0, gid=0, stdout="o", stderr="e"), "argv"),
+    (LaunchSpec(argv=("a\0b",), env={}, uid=0, gid=0, stdout="o", stderr="e"), "NUL"),
+    (LaunchSpec(argv=("a",), env={"K": "v\0"}, uid=0, gid=0, stdout="o", stderr="e"), "NUL"),
+    (LaunchSpec(argv=("a",), env={"A=B": "v"}, uid=0, gid=0, stdout="o", stderr="e"), "'='"),
+    (LaunchSpec(argv=("a",), env={"": "v"}, uid=0, gid=0, stdout="o", stderr="e"), "empty"),
+])
+def test_a_spec_that_cannot_be_written_is_refused(spec: LaunchSpec, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        spec.encode()
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    b"cg-launch-0\x000\x000\x00o\x00e\x00\x001\x00true",
+    b"cg-launch-1\x000\x000\x00o\x00e\x00\x002\x00true",
+    b"cg-launch-1\x000\x000\x00o\x00e\x00\x000\x00true",
+    b"cg-launch-1\x00zero\x000\x00o\x00e\x00\x001\x00true",
+    b"cg-launch-1\x000\x000\x00o\x00e\x00\x001\x00true\x00NOVALUE",
+])
+def test_a_damaged_spec_is_refused(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        LaunchSpec.decode(data)
+
+
+def test_circus_runs_the_compiled_shim_isolated_from_site_packages(tmp_path: Path) -> None:
+    shim = compile_shim(str(tmp_path))
+    assert Path(shim).parent == tmp_path and Path(shim).read_bytes()[:4] == importlib.util.MAGIC_NUMBER
+    assert shim_argv(shim, "/run/x.spec") == [sys.executable, "-I", "-S", shim, "/run/x.spec"]
+
+
+@pytest.mark.parametrize("program", ["compiled", "source"])
+def test_the_shim_imports_only_cheap_standard_library_modules(tmp_path: Path, program: str) -> None:
+    """Run as circus runs it (`-I -S`, an empty environment), with -X importtime:
+    every module it imports is listed on its stderr before it execs the worker."""
+    shim = compile_shim(str(tmp_path)) if program == "compiled" else launch.__file__
+    write_spec(str(tmp_path / "w.spec"), spec_in(tmp_path, ("sh", "-c", "echo ran $MARK", "sh"), MARK="here"))
+    done = subprocess.run([sys.executable, "-X", "importtime", *shim_argv(shim, str(tmp_path / "w.spec"))[1:]],
+                          env={}, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.log").read_text() == "ran here\n"
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:") and "imported package" not in line}
+    assert imported, done.stderr
+    outside = sorted(m for m in imported if m.split(".")[0] not in sys.stdlib_module_names)
+    assert not outside, f"the shim imports {outside}, outside the standard library"
+    costly = sorted(imported & COSTLY)
+    assert not costly, f"the shim imports {costly}: see daemon/supervision/launch.py on what it may import"
