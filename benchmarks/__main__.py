@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks import baselines, e2e, failover, inprocess, raybench, recovery
+from benchmarks import baselines, e2e, failover, inprocess, queue, raybench, recovery
 from benchmarks.report import Table, machine_description, render_markdown, render_text
 
 Section = Callable[[bool], list[Table]]
@@ -28,6 +28,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     "api": ("allocate + release over the socket with 1, 8, 32 clients; start a worker",
             lambda quick: [e2e.api(quick), e2e.worker_cycle(quick)]),
     "cli": ("cgctl start-up and cgctl allocate until the worker runs", lambda quick: [e2e.cli(quick)]),
+    "queue": ("a trace of 60 jobs through the wait queue, against clients that retry", queue.run),
     "failover": ("shadow promotion against a cold restart", failover.run),
     "recovery": ("kill -9 of the manager with 100 workers; idle cost", recovery.run),
     "safety": ("double booking under concurrent clients", baselines.run),

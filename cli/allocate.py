@@ -15,10 +15,13 @@ from computegroups.cli.options import (
     build_component,
     build_reservation,
     claim_options,
+    job_options,
     process_options,
     shape_options,
+    wait_options,
 )
 from computegroups.cli.render import component_json, component_text, devices_label
+from computegroups.cli.wait import queued_line, wait_for_place, wait_timeout
 from computegroups.daemon.client.sync import CgdClient
 
 
@@ -28,21 +31,35 @@ from computegroups.daemon.client.sync import CgdClient
 @shape_options
 @attach_options
 @process_options
+@job_options
+@wait_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
-def allocate(name: str, command: tuple[str, ...], explain: bool, **opts: Any) -> None:
+def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | None, detach: bool,
+             **opts: Any) -> None:
     """Allocate devices to component NAME; with CMD, also start its workers.
 
     Without a size flag the component takes the reservation NAME
     (`cgctl reserve`), or the groups of --share-with / --shadow-of.
+    A command that exits 0 is done (restarted only on failure, unless
+    --restart says otherwise) and gives its devices back; `cgctl wait NAME`
+    waits for it and exits with its exit code.
     """
+    timeout = wait_timeout(wait, detach)
     body = build_component(name, opts, command)
+    if wait is not None or detach:
+        body["wait"] = True
+        body["detach"] = detach
     cgd = client()
     with talking():
         if "claim" not in body and not ({"share_with", "shadow_of"} & set(body)):
             _require_reservation(cgd, name)
         component = cgd.create_component(body)
+    if component.get("state") == "pending" and not detach:
+        component = wait_for_place(cgd, component, timeout)
     if json_wanted():
         emit_json(component_json(component))
+    elif component.get("state") == "pending":
+        emit_lines([queued_line(component), f"it runs when its turn comes; `cgctl wait {name}` waits for its end"])
     else:
         emit_lines(component_text(component, "started" if command else "allocated", explain))
 

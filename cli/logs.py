@@ -29,11 +29,30 @@ def logs(name: str, replica: int, stream: str, tail: int | None, follow: bool) -
     with talking():
         doc = cgd.component_logs(name, replica, stream, tail=tail)
         _show(doc)
+        if stream == "stdout" and not doc.get("size") and not json_wanted():
+            _hint_stderr(cgd, name, replica)
         if follow:
             try:
                 _follow(cgd, name, replica, stream, doc)
             except KeyboardInterrupt:
                 return
+
+
+def _hint_stderr(cgd: CgdClient, name: str, replica: int) -> None:
+    """An empty stdout is often a program that writes to stderr, or one that never started: say so,
+    with the end of its stderr when the replica ended badly."""
+    errors = cgd.component_logs(name, replica, "stderr", tail=10)
+    if not errors.get("size"):
+        click.echo(f"cgctl: {name} replica {replica} has written nothing yet (stdout and stderr are empty)",
+                   err=True)
+        return
+    click.echo(f"cgctl: nothing on stdout; {name} replica {replica} wrote {errors['size']} bytes to stderr "
+               f"(`cgctl logs {name} --stream stderr`, {errors['path']})", err=True)
+    component = cgd.get_component(name)
+    states = [r.get("state") for r in component.get("replicas") or [] if r.get("index") == replica]
+    if states and states[0] in ("failed", "restarting", "timeout"):
+        click.echo(f"its last lines ({states[0]}):", err=True)
+        click.echo(errors.get("data") or "", nl=False, err=True)
 
 
 def _show(doc: dict[str, Any]) -> None:

@@ -1,36 +1,62 @@
 """cgctl: the command line of computegroups.
 
-This file only declares the global options and registers the command
-modules; each command lives in its own module. Commands fail through
-`computegroups.cli.connect.fail` (one line `cgctl: error: ...`, exit 1); click's own usage
-errors exit 2.
+This file only declares the global options and names the command modules;
+each command lives in its own module, imported when it runs (or when
+`--help` lists it), so `cgctl --version` and every command pay only for
+what they use. Commands fail through `computegroups.cli.connect.fail` (one
+line `cgctl: error: ...`, exit 1); click's own usage errors exit 2.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
-from computegroups.cli.allocate import allocate, reserve
+from computegroups import __version__
 from computegroups.cli.context import CliContext
-from computegroups.cli.deploy import apply, delete, get
-from computegroups.cli.drain import drain
-from computegroups.cli.env import env
-from computegroups.cli.logs import logs
-from computegroups.cli.release import release, restart, scale
-from computegroups.cli.run import run
-from computegroups.cli.service import install_service
-from computegroups.cli.status import list_components, status
-from computegroups.cli.topo import topo
+
+COMMANDS = {
+    "allocate": "allocate:allocate",
+    "apply": "deploy:apply",
+    "delete": "deploy:delete",
+    "drain": "drain:drain",
+    "env": "env:env",
+    "get": "deploy:get",
+    "install-service": "service:install_service",
+    "list": "status:list_components",
+    "logs": "logs:logs",
+    "release": "release:release",
+    "reserve": "allocate:reserve",
+    "restart": "release:restart",
+    "run": "run:run",
+    "scale": "release:scale",
+    "status": "status:status",
+    "topo": "topo:topo",
+    "wait": "wait:wait",
+}
+"""Command name -> `module:attribute` under computegroups.cli."""
 
 
 class Cgctl(click.Group):
-    """`--json` may come after the command name too (`cgctl list --json`), as people type it.
+    """The commands of `COMMANDS`, each imported on first use.
 
-    It is moved in front of the command before parsing, except after `--`,
-    where it belongs to the worker's command.
+    `--json` may come after the command name too (`cgctl list --json`), as
+    people type it. It is moved in front of the command before parsing,
+    except after `--`, where it belongs to the worker's command.
     """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attribute = target.split(":")
+        command: click.Command = getattr(importlib.import_module(f"computegroups.cli.{module}"), attribute)
+        return command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         end = args.index("--") if "--" in args else len(args)
@@ -46,17 +72,11 @@ class Cgctl(click.Group):
               help="Use a simulated machine instead of NVML: a shipped name or a machine file "
                    "(env CG_SIMULATE).")
 @click.option("--json", "json_output", is_flag=True, help="Print JSON instead of text.")
-@click.version_option(package_name="computegroups", prog_name="cgctl")
+@click.version_option(__version__, prog_name="cgctl")
 @click.pass_context
 def cli(ctx: click.Context, socket: str | None, simulate: str | None, json_output: bool) -> None:
     """Allocate GPUs and run workloads on them through cgd."""
     ctx.obj = CliContext(socket=socket, simulate=simulate or None, json=json_output)
-
-
-cli.add_command(topo)
-for command in (allocate, release, scale, restart, list_components, status, env, run, drain, reserve, logs,
-                install_service, apply, delete, get):
-    cli.add_command(command)
 
 
 def main() -> None:

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import click
 
+from computegroups.daemon.model.sizes import parse_size
+
 F = TypeVar("F", bound=Callable[..., Any])
 Json = Any
 
@@ -24,6 +26,7 @@ PLACEMENT_KEYS = ("strategy", "colocate", "exclusive", "distinct", "pool", "gpu_
                   "priority", "allow_busy", "affinity", "anti_affinity")
 _TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _NUMBER = r"\d+(?:\.\d+)?"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class NameType(click.ParamType):
@@ -51,10 +54,6 @@ class SizeType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
-        from computegroups.daemon.model.claims import (
-            parse_size,  # the daemon's own rule; loaded only when a size is given
-        )
-
         try:
             return parse_size(value)
         except ValueError as exc:
@@ -165,10 +164,33 @@ attach_options = _stack(
 )
 
 process_options = _stack(
-    click.option("--env", "env", type=EnvType(), multiple=True, help="Extra environment. Repeatable."),
+    click.option("--env", "env", type=EnvType(), multiple=True,
+                 help="Set a variable for the command (besides your PATH). Repeatable."),
     click.option("--cwd", type=click.Path(exists=True, file_okay=False, resolve_path=True),
                  help="Working directory (default: the current one when a command is given)."),
     click.option("--explain", is_flag=True, help="Say why these devices were chosen."),
+)
+
+job_options = _stack(
+    click.option("--export-env", is_flag=True,
+                 help="Pass your whole environment to the workers (Slurm's --export=ALL), "
+                      "but what selects devices (CG_*, CUDA_VISIBLE_DEVICES...)."),
+    click.option("--restart", "restart_policy", type=click.Choice(["always", "on-failure", "never"]),
+                 help="When a worker that ended runs again [default: on-failure, unless it exited 0]."),
+    click.option("--max-retries", type=click.IntRange(0, 1000),
+                 help="Quick failures in a row before giving up [default: 5]."),
+    click.option("--time-limit", type=DurationType(), metavar="DURATION",
+                 help="Stop it this long after it starts and mark it timeout (90s, 10m, 2h)."),
+)
+
+FOREVER = "forever"
+
+wait_options = _stack(
+    click.option("--wait", "wait", is_flag=False, flag_value=FOREVER, default=None, metavar="[TIMEOUT]",
+                 help="If it does not fit now, queue it and wait for its turn (like salloc); "
+                      "a TIMEOUT (10m, 2h) gives up after that."),
+    click.option("--detach", is_flag=True,
+                 help="If it does not fit now, queue it and return at once (like sbatch)."),
 )
 
 
@@ -222,14 +244,36 @@ def build_component(name: str, opts: Mapping[str, Any], command: tuple[str, ...]
             body[key] = opts[key]
     if command:
         body["command"] = list(command)
-    if opts.get("env"):
-        body["env"] = dict(opts["env"])
+    env = worker_env(os.environ, export=bool(opts.get("export_env")), root=os.geteuid() == 0) if command else {}
+    env.update(dict(opts.get("env") or ()))
+    if env:
+        body["env"] = env
     cwd = opts.get("cwd") or (os.getcwd() if command else None)
     if cwd:
         body["cwd"] = cwd
+    restart = {k: v for k, v in (("policy", opts.get("restart_policy")), ("max_retries", opts.get("max_retries")))
+               if v is not None}
+    if restart:
+        body["restart"] = restart
+    if opts.get("time_limit") is not None:
+        body["time_limit_s"] = opts["time_limit"]
     if lease:
         body["lease"] = True
     return body
+
+
+def worker_env(current: Mapping[str, str], *, export: bool, root: bool) -> dict[str, str]:
+    """What of the caller's environment reaches the workers: their PATH always (so a venv's python
+    is the one found), everything with `--export-env`, except what cgd sets from the group and,
+    for a worker that runs as root, the dynamic loader's variables."""
+    if not export:
+        return {"PATH": current["PATH"]} if "PATH" in current else {}
+    # Imported here, as the one copy of the rules cgd applies: the model costs start-up time
+    # that only this option needs.
+    from computegroups.daemon.model.requests import LOADER_ENV, reserved_env
+
+    return {k: v for k, v in current.items()
+            if not reserved_env(k) and not (root and k in LOADER_ENV) and _ENV_NAME.fullmatch(k)}
 
 
 def build_reservation(name: str, opts: Mapping[str, Any], ttl_s: float) -> dict[str, Json]:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -16,7 +21,7 @@ from computegroups.cli.connect import (
     talking,
 )
 from computegroups.cli.deploy import deployment_names, emit_changed, scale_deployment
-from computegroups.cli.options import NAME
+from computegroups.cli.options import NAME, DurationType
 from computegroups.cli.render import component_json, component_text
 from computegroups.daemon.client.errors import CgdError
 from computegroups.daemon.client.sync import CgdClient
@@ -25,13 +30,25 @@ from computegroups.daemon.client.sync import CgdClient
 @click.command()
 @click.argument("name", type=NAME, required=False, shell_complete=complete_components)
 @click.option("--all", "everything", is_flag=True, help="Release all of your components and reservations.")
-def release(name: str | None, everything: bool) -> None:
-    """Release component (or reservation) NAME, stopping its workers."""
+@click.option("--stop-timeout", type=DurationType(), metavar="DURATION",
+              help="Grace before the workers are killed (default: the component's own, 10s).")
+def release(name: str | None, everything: bool, stop_timeout: float | None) -> None:
+    """Release component (or reservation) NAME, stopping its workers.
+
+    On a terminal it shows what it waits for while the workers stop.
+    """
     if bool(name) == everything:
         raise click.UsageError("name one component, or give --all")
+    if everything and stop_timeout is not None:
+        raise click.UsageError("--stop-timeout applies to one component: name it")
     cgd = client()
     with talking():
-        result = _release_all(cgd) if everything else _release_one(cgd, name or "")
+        if everything:
+            result = _release_all(cgd)
+        else:
+            with _progress(cgd, name or "", stop_timeout) as grace:
+                cgd.timeout = max(cgd.timeout, grace + 30)
+                result = _release_one(cgd, name or "", stop_timeout)
     if json_wanted():
         emit_json(result)
         return
@@ -43,11 +60,49 @@ def release(name: str | None, everything: bool) -> None:
     emit_lines([f"released {', '.join(released)}{groups}"])
 
 
-def _release_one(cgd: CgdClient, name: str) -> dict[str, Any]:
+@contextmanager
+def _progress(cgd: CgdClient, name: str, stop_timeout: float | None) -> Iterator[float]:
+    """Yield the grace the workers get; meanwhile, on a terminal, say every half second what is awaited.
+
+    A release returns only once nothing of the workers runs, which takes up
+    to the grace (then SIGKILL): silence for that long reads as a hang.
+    """
+    try:
+        component = cgd.get_component(name)
+    except CgdError:
+        yield stop_timeout or 0.0  # not a component (a reservation?): the release says what it is
+        return
+    grace = stop_timeout if stop_timeout is not None else float(component.get("stop_timeout_s") or 10.0)
+    pids = [p for r in component.get("replicas") or [] for p in r.get("pids") or []]
+    if not pids or not sys.stderr.isatty():
+        yield grace
+        return
+    done = threading.Event()
+
+    def show() -> None:
+        start = time.monotonic()
+        what = f"{len(pids)} worker{'s' if len(pids) != 1 else ''} (pid {', '.join(map(str, pids[:4]))}" + (
+            ", ...)" if len(pids) > 4 else ")")
+        while not done.wait(0.5):
+            waited = time.monotonic() - start
+            click.echo(f"\rstopping {name}: waiting for {what} to exit, {waited:.0f}s of {grace:g}s "
+                       "before SIGKILL", nl=False, err=True)
+        click.echo("\r\033[K", nl=False, err=True)
+
+    shower = threading.Thread(target=show, daemon=True)
+    shower.start()
+    try:
+        yield grace
+    finally:
+        done.set()
+        shower.join()
+
+
+def _release_one(cgd: CgdClient, name: str, stop_timeout: float | None = None) -> dict[str, Any]:
     """A component first; a reservation of that name is the other thing a
     user can have made with that name."""
     try:
-        done = cgd.release_component(name)
+        done = cgd.release_component(name, stop_timeout)
         return {"released": done["released"], "groups": done["groups"], "reservations": []}
     except CgdError as exc:
         if exc.code != "not_found":

@@ -20,7 +20,8 @@ Doc = Mapping[str, Any]
 Style = Callable[..., str]
 BAR_WIDTH = 24
 DEVICE_KEYS = ("index", "uuid", "mig_uuid", "memory_mib", "compute_pct")
-REPLICA_KEYS = ("index", "group", "groups", "role", "state", "restarts", "cuda_visible_devices", "pids")
+REPLICA_KEYS = ("index", "group", "groups", "role", "state", "restarts", "cuda_visible_devices", "pids",
+                "started_at", "ended_at", "exit_code")
 
 
 def colour_enabled(stream: Any = None) -> bool:
@@ -56,6 +57,12 @@ def component_json(c: Doc) -> dict[str, Json]:
         "share_with": c.get("share_with"),
         "shadow_of": c.get("shadow_of"),
         "command": c.get("command"),
+        "restart": c.get("restart"),
+        "time_limit_s": c.get("time_limit_s"),
+        "ended_at": c.get("ended_at"),
+        "duration_s": c.get("duration_s"),
+        "exit_code": c.get("exit_code"),
+        "queue": c.get("queue"),
         "explanation": c.get("explanation") or None,
         "replicas": [
             {**{k: r.get(k) for k in REPLICA_KEYS},
@@ -122,16 +129,30 @@ def list_text(components: Sequence[Doc], reservations: Sequence[Doc]) -> list[st
             for r in c.get("replicas") or [{}]:
                 rows.append([
                     c["name"], str(r.get("index", "-")), r.get("group") or "-", r.get("role") or "-",
-                    r.get("state") or c.get("state") or "-", devices_label(r.get("devices") or []),
+                    replica_state(c, r), devices_label(r.get("devices") or []),
                     ",".join(str(p) for p in r.get("pids") or []) or "-", owner_name(c),
                 ])
         lines += table(["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "PIDS", "OWNER"], rows)
+        queued = sorted((c for c in components if c.get("queue")), key=lambda c: c["queue"].get("position", 0))
+        if queued:
+            lines += ["", "queue:"] + [f"  #{c['queue'].get('position')} {c['name']}: {c['queue'].get('reason')}"
+                                      for c in queued]
     if reservations:
         rows = [[r["name"], ", ".join(g["id"] for g in r.get("groups") or []),
                  devices_label(d for g in r.get("groups") or [] for d in g.get("devices") or []),
                  owner_name(r), _expires(r.get("expires_at"))] for r in reservations]
         lines += ([""] if lines else []) + table(["RESERVATION", "GROUPS", "GPUS", "OWNER", "EXPIRES"], rows)
     return lines
+
+
+def replica_state(c: Doc, r: Doc) -> str:
+    """`running`, `pending #2` (its place in the queue), `failed (3)` (its exit code once it ended)."""
+    state = r.get("state") or c.get("state") or "-"
+    if state == "pending" and c.get("queue"):
+        return f"pending #{c['queue'].get('position')}"
+    if state in ("completed", "failed", "timeout") and r.get("exit_code") is not None:
+        return f"{state} ({r['exit_code']})"
+    return str(state)
 
 
 def _expires(at: float | None, now: float | None = None) -> str:

@@ -18,8 +18,9 @@ from typing import Any
 import click
 
 from computegroups.cli.connect import client, talking
-from computegroups.cli.options import attach_options, build_component, claim_options, process_options
+from computegroups.cli.options import FOREVER, attach_options, build_component, claim_options, process_options
 from computegroups.cli.render import component_text
+from computegroups.cli.wait import wait_for_place, wait_timeout
 from computegroups.daemon.client.errors import ClientError
 from computegroups.daemon.client.sync import CgdClient
 
@@ -35,18 +36,27 @@ WAIT_S = 0.5
 @claim_options
 @attach_options
 @process_options
+@click.option("--wait", "wait", is_flag=False, flag_value=FOREVER, default=None, metavar="[TIMEOUT]",
+              help="If it does not fit now, wait in the queue for its turn; a TIMEOUT (10m, 2h) gives up.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD [ARGS...]")
-def run(name: str | None, command: tuple[str, ...], explain: bool, cwd: str | None, **opts: Any) -> None:
+def run(name: str | None, command: tuple[str, ...], explain: bool, cwd: str | None, wait: str | None,
+        **opts: Any) -> None:
     """Allocate, run CMD in the foreground with the devices, release on exit.
 
     Exits with CMD's status (128+N when a signal N ended it). SIGINT,
-    SIGTERM, SIGHUP and SIGQUIT sent to cgctl are passed on to CMD.
+    SIGTERM, SIGHUP and SIGQUIT sent to cgctl are passed on to CMD. CMD is
+    never restarted: it is cgctl's own child.
     """
     name = name or f"run-{os.getpid()}"
+    timeout = wait_timeout(wait, detach=False)
     body = build_component(name, opts, lease=True)
+    if wait is not None:
+        body["wait"] = True
     cgd = client()
     with talking():
         component = cgd.create_component(body)
+    if component.get("state") == "pending":
+        wait_for_place(cgd, component, timeout)
     with _signals_held() as previous:
         try:
             if explain:

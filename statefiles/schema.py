@@ -28,7 +28,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from computegroups.daemon.model.claims import Claim
-from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
+from computegroups.daemon.model.enums import ComponentState, GroupState, Outcome, Role, Scope
 from computegroups.daemon.model.requests import ComponentSpec, ReservationSpec
 
 SCHEMA_VERSION = 2
@@ -84,6 +84,15 @@ class ComponentRecord(Record, kw_only=True):
     """A client process whose death releases the component (with `lease_start` against pid reuse)."""
     lease_start: float | None = None
     created: float = msgspec.field(default_factory=time.time)
+    queued_at: float | None = None
+    """While `pending`: when it was queued, its place within its priority (first come, first served)."""
+    pending_reason: str = ""
+    """While `pending`: why its claim does not fit now, in the placement engine's words."""
+    waiter_pid: Pid | None = None
+    """While `pending`: the client blocked in `--wait`; a queued claim whose waiter is gone is dropped."""
+    waiter_start: float | None = None
+    ended_at: float | None = None
+    """When its last replica ended for good (`completed`, `failed`, `timeout`): the retention counts from here."""
 
 
 class DeviceRecord(Record, kw_only=True):
@@ -142,6 +151,11 @@ class WorkerRecord(Record, kw_only=True):
     restarts: NonNegative = 0
     promotions: NonNegative = 0
     last_promoted_at: float | None = None
+    exit_code: int | None = None
+    """The status of its last run as the kernel gave it: negative for a signal (-9: SIGKILL)."""
+    ended_at: float | None = None
+    outcome: Outcome | None = None
+    """How the replica ended for good; None while it runs or will run again."""
 
     @property
     def key(self) -> str:

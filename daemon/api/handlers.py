@@ -112,12 +112,16 @@ class ApiHandler(tornado.web.RequestHandler):
         self.write(json.dumps({"error": {"code": exc.code, "message": str(exc)}}) + "\n")
 
     async def run(self, action: Callable[[], Any], status: int = 200) -> None:
+        """Do `action` and answer, once what it changed is durable (a failed request may have changed some)."""
         if self._finished:
             return
         try:
-            result = action()
-            if hasattr(result, "__await__"):
-                result = await result
+            try:
+                result = action()
+                if hasattr(result, "__await__"):
+                    result = await result
+            finally:
+                await self.app.manager.keeper.durable()
         except ModelError as exc:
             self._error(BadRequest(str(exc)))
             self.finish()
@@ -215,7 +219,37 @@ class ComponentHandler(ApiHandler):
         await self.run(lambda: self.app.manager.component(check_name(name)))
 
     async def delete(self, name: str) -> None:
-        await self.run(lambda: self.app.manager.release(self.caller, check_name(name)))
+        def release() -> Any:
+            raw = self.get_query_argument("stop_timeout", None)
+            timeout = None
+            if raw is not None:
+                try:
+                    timeout = float(raw)
+                except ValueError:
+                    raise BadRequest(f"stop_timeout: expected seconds, got {raw[:40]!r}") from None
+                if not 0 <= timeout <= 3600:
+                    raise BadRequest("stop_timeout: must be between 0 and 3600 seconds")
+            return self.app.manager.release(self.caller, check_name(name), timeout)
+        await self.run(release)
+
+
+class WaitHandler(ApiHandler):
+    """`GET /v1/components/<name>/wait?until=ended|placed&timeout=S`: a long poll, answered when reached or at S."""
+
+    async def get(self, name: str) -> None:
+        def wait() -> Any:
+            until = self.get_query_argument("until", "ended")
+            if until not in ("ended", "placed"):
+                raise BadRequest("until: must be ended or placed")
+            raw = self.get_query_argument("timeout", "60")
+            try:
+                timeout = float(raw)
+            except ValueError:
+                raise BadRequest(f"timeout: expected seconds, got {raw[:40]!r}") from None
+            if not 0 <= timeout <= 3600:
+                raise BadRequest("timeout: must be between 0 and 3600 seconds (ask again to wait longer)")
+            return self.app.manager.wait_for(check_name(name), until, timeout)
+        await self.run(wait)
 
 
 class ScaleHandler(ApiHandler):

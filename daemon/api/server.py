@@ -44,6 +44,7 @@ from computegroups.daemon.api.handlers import (
     ScaleHandler,
     StatusHandler,
     VersionHandler,
+    WaitHandler,
 )
 from computegroups.daemon.core.manager import Manager
 
@@ -101,6 +102,7 @@ class CgdApp:
             (r"/v1/components", ComponentsHandler, kw),
             (rf"/v1/components/{name}", ComponentHandler, kw),
             (rf"/v1/components/{name}/scale", ScaleHandler, kw),
+            (rf"/v1/components/{name}/wait", WaitHandler, kw),
             (rf"/v1/components/{name}/restart", RestartHandler, kw),
             (rf"/v1/components/{name}/env", EnvHandler, kw),
             (rf"/v1/components/{name}/logs", LogsHandler, kw),

@@ -58,11 +58,17 @@ class Endpoints(ABC, Generic[R]):
     def get_component(self, name: str) -> R:
         return self.send(Request("GET", f"/v1/components/{_seg(name)}"))
 
-    def release_component(self, name: str) -> R:
-        return self.send(Request("DELETE", f"/v1/components/{_seg(name)}"))
+    def release_component(self, name: str, stop_timeout: float | None = None) -> R:
+        timeout = None if stop_timeout is None else f"{stop_timeout:g}"
+        return self.send(Request("DELETE", _with_query(f"/v1/components/{_seg(name)}", stop_timeout=timeout)))
 
     def release_all(self) -> R:
         return self.send(Request("DELETE", _with_query("/v1/components", all=True)))
+
+    def wait_component(self, name: str, until: str = "ended", timeout: float = 30.0) -> R:
+        """One long poll: `{"reached", "component"}` once the component is placed or has ended, or at `timeout`."""
+        return self.send(Request("GET", _with_query(f"/v1/components/{_seg(name)}/wait", until=until,
+                                                    timeout=f"{timeout:g}")))
 
     def scale_component(self, name: str, replicas: int) -> R:
         return self.send(Request("POST", f"/v1/components/{_seg(name)}/scale", {"replicas": replicas}))

@@ -23,7 +23,7 @@ Json = Any
 # its groups go; any other constraint is a placement rule of the claim.
 COMPONENT_KEYS = frozenset({
     "replicas", "scope", "share_with", "shadow_of", "command", "shell", "env",
-    "cwd", "restart", "stop_timeout_s", "lease",
+    "cwd", "restart", "stop_timeout_s", "lease", "time_limit_s", "wait", "detach",
 })
 
 
@@ -84,8 +84,28 @@ class ComputeGroupManager:
         claim.update({k: v for k, v in constraints.items() if k not in COMPONENT_KEYS})
         if claim:
             body["claim"] = claim
+        if body.get("detach"):
+            raise ValueError("detach: a detached claim has no group to answer yet; use submit_job")
         component = await self.provider.allocate_resources(component_name, body)
+        if component.get("state") == "pending":  # queued ("wait": true): wait for its turn, like salloc
+            component = await self.provider.wait_component(component_name, "placed", None)
         return await self.get_compute_group(component["replicas"][0]["group"])
+
+    async def submit_job(self, component_name: str, resource_requirements: Mapping[str, Json],
+                         command: list[str], constraints: Mapping[str, Json] | None = None) -> dict[str, Json]:
+        """Queue a job, like sbatch: it runs `command` once its claim fits, restarted only on failure
+        unless `constraints` says otherwise (`restart`, `time_limit_s`...); answers the Component (maybe
+        `pending`). It stays queued when this process ends; `wait_job` waits for its end."""
+        constraints = {"wait": True, "detach": True, **dict(constraints or {}), "command": list(command)}
+        claim = {**resource_requirements, **{k: v for k, v in constraints.items() if k not in COMPONENT_KEYS}}
+        body = {k: v for k, v in constraints.items() if k in COMPONENT_KEYS}
+        body["claim"] = claim
+        return await self.provider.allocate_resources(component_name, body)
+
+    async def wait_job(self, component_name: str, timeout: float | None = None) -> dict[str, Json]:
+        """The Component once it has ended for good (`completed`, `failed`, `timeout`), with its
+        `exit_code`; raises TimeoutError after `timeout` seconds."""
+        return await self.provider.wait_component(component_name, "ended", timeout)
 
     async def deallocate_compute_group(self, group_id: str) -> bool:
         """Free a group. A component's group goes with its component (cgd frees

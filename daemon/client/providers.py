@@ -19,8 +19,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from computegroups.daemon.client.aio import AsyncCgdClient
-from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.errors import CgdError, CgdUnreachable
 from computegroups.daemon.client.sync import DEFAULT_TIMEOUT_S
+
+POLL_S = 30.0
+"""One long poll's length: well inside the client's socket timeout."""
 
 Json = Any
 GROUP_FILTERS = ("component", "state", "gpu")
@@ -68,6 +71,12 @@ class ComputeResourceProvider(ABC):
     @abstractmethod
     async def list_components(self) -> list[dict[str, Json]]:
         """Every component visible to the caller."""
+
+    @abstractmethod
+    async def wait_component(self, component_name: str, until: str, timeout: float | None) -> dict[str, Json]:
+        """The Component once it is placed (`until="placed"`) or has ended for good (`"ended"`).
+
+        Raises TimeoutError after `timeout` seconds (None: no limit)."""
 
 
 class LocalComputeResourceProvider(ComputeResourceProvider):
@@ -141,3 +150,22 @@ class LocalComputeResourceProvider(ComputeResourceProvider):
 
     async def list_components(self) -> list[dict[str, Json]]:
         return list((await self.cgd.list_components())["components"])
+
+    async def wait_component(self, component_name: str, until: str, timeout: float | None) -> dict[str, Json]:
+        """Long polls of at most `POLL_S` each, so a socket timeout never cuts one and a restarted cgd is
+        asked again (the wait goes on across a restart: the queue is durable)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = POLL_S if deadline is None else min(POLL_S, max(0.0, deadline - loop.time()))
+            try:
+                answer = await self.cgd.wait_component(component_name, until, left)
+            except CgdUnreachable:
+                if deadline is not None and loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.2)  # cgd restarting: ask again, as cgctl does
+                continue
+            if answer["reached"]:
+                return dict(answer["component"])
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"{component_name} was not {until} within {timeout:g}s")

@@ -48,14 +48,31 @@ class ManagerBase:
         for it, so other users are not stalled, and these names are refused
         to any other change until the operation that stops them commits."""
         self._tasks: set[asyncio.Task] = set()
+        self._queue_task: asyncio.Task | None = None
+        self._queue_again = False
         self._adhoc = 0
 
     @property
     def doc(self) -> StateDoc:
         return self.keeper.doc
 
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A failed background step (a worker event, a time limit) is logged now, not when the task is collected."""
+        self._tasks.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            log.error("handling a worker event failed: %s", exc, exc_info=exc)
+
     async def start_workers(self, refs: list[str]) -> None:
-        """Start workers the state already asks for, then record their pids."""
+        """Start workers the state already asks for, once that is durable, then record their pids."""
+        if not refs:
+            return
+        await self.keeper.durable()
         started = {}
         for ref in refs:
             w = self.doc.workers[ref]
@@ -74,8 +91,9 @@ class ManagerBase:
                         w.pid for w in doc.workers.values() if w.component == name):
                     doc.components[name] = replace(failed, state=ComponentState.RUNNING)
 
-    async def stop_workers(self, refs: list[str]) -> None:
-        """Stop workers all at once: each may take its whole grace period."""
+    async def stop_workers(self, refs: list[str], timeout: float | None = None) -> None:
+        """Stop workers all at once, once the change that stops them is durable: each may take its grace period."""
+        await self.keeper.durable()
         keys = []
         for ref in refs:
             w = self.doc.workers.get(ref)
@@ -87,9 +105,9 @@ class ManagerBase:
 
         async def stop(ref: str, key: str, w) -> None:
             if self.supervisor.is_running(key) or self.supervisor.supervises(key):
-                await self.supervisor.stop_worker(key)
+                await self.supervisor.stop_worker(key, timeout=timeout)
             elif w.pid and w.create_time:
-                await self.supervisor.stop_stray(w.pid, w.create_time, 10.0)
+                await self.supervisor.stop_stray(w.pid, w.create_time, 10.0 if timeout is None else timeout)
             self.replica_states.pop(ref, None)
 
         try:
@@ -178,10 +196,11 @@ class ManagerBase:
         self.mark_busy(closure, "being released")
         return closure, [ref for ref, w in self.doc.workers.items() if w.component in closure]
 
-    async def _finish_release(self, closure: list[str], refs: list[str]) -> dict[str, Any]:
+    async def _finish_release(self, closure: list[str], refs: list[str],
+                              stop_timeout: float | None = None) -> dict[str, Any]:
         """Without the lock: stop the workers; then, under it, free the groups."""
         try:
-            await self.stop_workers(refs)
+            await self.stop_workers(refs, stop_timeout)
             freed: list[str] = []
             async with self.keeper.lock:
                 present = [n for n in closure if n in self.doc.components]

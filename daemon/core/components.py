@@ -10,7 +10,10 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from computegroups.daemon.core.base import ManagerBase, log
+from computegroups.daemon.core.base import log
+from computegroups.daemon.core.jobs import Jobs
+from computegroups.daemon.core.jobstate import enqueue, queued_request, replace_finished, with_default_policy
+from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
     Caller,
     check_owner,
@@ -18,6 +21,7 @@ from computegroups.daemon.core.transactions import (
     component_or_404,
     dependents,
     new_component_records,
+    remove_component,
     scale_component,
 )
 from computegroups.daemon.core.workers import (
@@ -25,37 +29,61 @@ from computegroups.daemon.core.workers import (
     watcher_key,
 )
 from computegroups.daemon.model.enums import ComponentState
-from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
-from computegroups.daemon.model.requests import ComponentRequest
+from computegroups.daemon.model.errors import BadRequest, Conflict, InsufficientCapacity, NotFound
+from computegroups.daemon.model.requests import LOADER_ENV, ComponentRequest
 from computegroups.daemon.supervision.asuser import start_problem
 from computegroups.daemon.supervision.processes import start_time
 from computegroups.daemon.supervision.workerenv import owner_env
+from computegroups.statefiles.schema import ComponentRecord
 
 
-class Components(ManagerBase):
+class Components(Jobs):
     async def allocate(self, caller: Caller, request: ComponentRequest) -> dict[str, Any]:
+        if caller.is_root:
+            loader = sorted(set(request.env) & LOADER_ENV)
+            if loader:
+                raise BadRequest(f"env.{loader[0]}: not passed to a worker that runs as root: it changes "
+                                 "what code runs there (set it in the command itself if you mean it)")
         if request.command or request.cwd is not None:
             try:
                 owner = owner_env(caller.uid, caller.gid)
             except ValueError as exc:
                 raise BadRequest(f"cannot run workers for the caller: {exc}") from None
             argv = (("/bin/sh",) if request.shell else request.command) or ()
-            problem = start_problem(caller.uid, caller.gid, argv, owner.path, request.cwd or owner.home)
+            path = request.env.get("PATH", owner.path)
+            problem = start_problem(caller.uid, caller.gid, argv, path, request.cwd or owner.home)
             if problem is not None:
                 raise BadRequest(problem)
+        request = with_default_policy(request)
         async with self.keeper.lock:
             self.check_idle(request.name)
             self.check_groups_idle(request.shadow_of or request.share_with)
             before = self.doc
-            with self.keeper.transaction() as doc:
-                comp = new_component_records(doc, self.keeper, request, caller)
-                if request.lease:
-                    doc.components[comp.name] = replace(comp, lease_start=start_time(caller.pid))
+            try:
+                with self.keeper.transaction() as doc:
+                    replace_finished(doc, self.keeper, request.name, caller)
+                    if request.claim is not None and request.name not in doc.reservations:
+                        blocker = self.queue_blocker(doc, request.claim.priority, request.time_limit_s)
+                        if blocker is not None:
+                            raise InsufficientCapacity(f"claim: does not fit now: {blocker}")
+                    comp = new_component_records(doc, self.keeper, request, caller)
+                    if request.lease:
+                        doc.components[comp.name] = replace(comp, lease_start=start_time(caller.pid))
+            except InsufficientCapacity as exc:
+                if not request.wait:
+                    raise
+                with self.keeper.transaction() as doc:
+                    replace_finished(doc, self.keeper, request.name, caller)
+                    enqueue(doc, self.keeper, request, caller, str(exc))
+                log.info("queued %s: %s", request.name, exc)
+                return self.component(request.name)
             refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
             await self.start_or_undo(refs, before, f"the workers of {request.name!r}")
+            self.arm_time_limit(request.name)
             return self.component(request.name)
 
-    async def release(self, caller: Caller, name: str) -> dict[str, Any]:
+    async def release(self, caller: Caller, name: str, stop_timeout: float | None = None) -> dict[str, Any]:
+        """`stop_timeout` overrides the component's own grace before its workers are killed."""
         async with self.keeper.lock:
             self.check_idle(name)
             comp = self.doc.components.get(name)
@@ -65,7 +93,7 @@ class Components(ManagerBase):
             if comp.deployment:
                 raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
             closure, refs = self._begin_release([name])
-        return await self._finish_release(closure, refs)
+        return await self._finish_release(closure, refs, stop_timeout)
 
     async def release_all(self, caller: Caller) -> dict[str, Any]:
         async with self.keeper.lock:
@@ -85,6 +113,8 @@ class Components(ManagerBase):
                 raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: scale it there")
             if comp.state == "releasing":
                 raise Conflict(f"component {name!r} is being released")
+            if comp.state in FINISHED or comp.state == ComponentState.PENDING:
+                raise Conflict(f"component {name!r} is {comp.state}: only a placed component can be scaled")
             shadows, _ = dependents(self.doc, name)
             members = (name, *shadows)
             self.check_idle(*members)
@@ -119,7 +149,8 @@ class Components(ManagerBase):
 
         The way back for a replica that used up its restarts (`failed`), or
         for a worker that should reread its files. Its shadow is not promoted:
-        this is not a death.
+        this is not a death. A component that has ended for good gave its
+        groups back: it is placed again, as it was asked for, and runs anew.
         """
         async with self.keeper.lock:
             comp = component_or_404(self.doc, name)
@@ -128,8 +159,12 @@ class Components(ManagerBase):
                 raise BadRequest(f"{name!r} runs no command: there is nothing to restart")
             if comp.state == "lost":
                 raise Conflict(f"component {name!r} is lost: its GPUs are gone; release it")
+            if comp.state == ComponentState.PENDING:
+                raise Conflict(f"component {name!r} is queued: it has not started yet")
             if replica is not None and not 0 <= replica < comp.replicas:
                 raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
+            if comp.state in FINISHED:
+                return await self._rerun(comp)
             self.mark_busy([name], "being restarted")
             indices = range(comp.replicas) if replica is None else [replica]
             refs = [r for r in (replica_ref(name, i) for i in indices) if r in self.doc.workers]
@@ -138,7 +173,8 @@ class Components(ManagerBase):
             async with self.keeper.lock:
                 with self.keeper.transaction() as doc:
                     for ref in refs:
-                        doc.workers[ref] = replace(doc.workers[ref], pid=None, create_time=None)
+                        doc.workers[ref] = replace(doc.workers[ref], pid=None, create_time=None, outcome=None,
+                                                   exit_code=None, ended_at=None)
                 try:
                     await self.start_workers(refs)
                 except Exception as exc:
@@ -148,6 +184,23 @@ class Components(ManagerBase):
                 return self.component(name)
         finally:
             self.clear_busy([name])
+
+    async def _rerun(self, comp: ComponentRecord) -> dict[str, Any]:
+        """Under the lock: place an ended component again from its own request, and start it."""
+        request, owner = queued_request(comp)
+        before = self.doc
+        with self.keeper.transaction() as doc:
+            remove_component(doc, self.keeper, comp.name, {comp.name})
+            blocker = self.queue_blocker(doc, request.claim.priority if request.claim else 0, request.time_limit_s)
+            if request.claim is not None and blocker is not None:
+                raise InsufficientCapacity(f"claim: does not fit now: {blocker}")
+            created = new_component_records(doc, self.keeper, request, owner)
+            doc.components[comp.name] = replace(created, lease_pid=comp.lease_pid, lease_start=comp.lease_start)
+        refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == comp.name)
+        await self.start_or_undo(refs, before, f"the workers of {comp.name!r}")
+        self.arm_time_limit(comp.name)
+        log.info("%s placed and started again", comp.name)
+        return self.component(comp.name)
 
     def _mark_failed(self, name: str, refs: list[str]) -> None:
         """After a start that failed part-way: what did not start is failed, and so is the component."""

@@ -6,12 +6,12 @@ state keeper and supervisor, and decides under its lock.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from msgspec.structs import replace
 
-from computegroups.daemon.core.base import ManagerBase, log
+from computegroups.daemon.core.base import log
+from computegroups.daemon.core.jobs import Jobs
 from computegroups.daemon.core.transactions import dependents
 from computegroups.daemon.core.workers import (
     parse_watcher_key,
@@ -19,7 +19,7 @@ from computegroups.daemon.core.workers import (
     watcher_key,
     write_role,
 )
-from computegroups.daemon.model.enums import ComponentState, Role
+from computegroups.daemon.model.enums import Outcome, RestartMode, Role
 from computegroups.daemon.supervision.supervisor import WorkerExit, WorkerStart
 from computegroups.statefiles.schema import StateDoc
 
@@ -29,24 +29,12 @@ installed, and the promotion signal would end it): the dead primary restarts
 under its own restart policy instead, and no promotion loop can form."""
 
 
-class WorkerEvents(ManagerBase):
+class WorkerEvents(Jobs):
     def on_worker_exit(self, event: WorkerExit) -> None:
         self._spawn(self._handle_exit(event))
 
     def on_worker_start(self, event: WorkerStart) -> None:
         self._spawn(self._record_start(event))
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        """A failed exit or start handler is logged now, not when the task is collected (or never)."""
-        self._tasks.discard(task)
-        exc = None if task.cancelled() else task.exception()
-        if exc is not None:
-            log.error("handling a worker event failed: %s", exc, exc_info=exc)
 
     async def _record_start(self, event: WorkerStart) -> None:
         component, replica = parse_watcher_key(event.key)
@@ -75,18 +63,19 @@ class WorkerEvents(ManagerBase):
             if partner is not None:
                 await self._promote(ref, partner)
                 return
-            log.warning("worker %s (pid %s) ended with %s; %s", ref, event.pid, event.status,
-                        "restarting" if event.will_restart else "not restarting")
-            self.replica_states[ref] = "restarting" if event.will_restart else "failed"
-            with self.keeper.transaction() as doc:
-                w = doc.workers.get(ref)
-                if w is not None:
-                    doc.workers[ref] = replace(
-                        w, pid=None, create_time=None,
-                        restarts=w.restarts + (1 if event.will_restart else 0),
-                    )
-                if not event.will_restart and ref in doc.workers and component in doc.components:
-                    doc.components[component] = replace(doc.components[component], state=ComponentState.FAILED)
+            if event.will_restart:
+                log.warning("worker %s (pid %s) ended with %s; restarting", ref, event.pid, event.status)
+                self.replica_states[ref] = "restarting"
+                with self.keeper.transaction() as doc:
+                    w = doc.workers[ref]
+                    doc.workers[ref] = replace(w, pid=None, create_time=None, restarts=w.restarts + 1,
+                                               exit_code=event.returncode)
+                return
+            completed = event.returncode == 0 and comp.spec.restart.mode != RestartMode.ALWAYS
+            outcome = Outcome.COMPLETED if completed else Outcome.FAILED
+            (log.info if completed else log.warning)(
+                "worker %s (pid %s) ended with %s: %s", ref, event.pid, event.status, outcome)
+            self._end_for_good([ref], outcome, event.returncode)
 
     def _failover(self, dead_ref: str) -> str | None:
         """Tell the dead primary's shadow it serves now, before waiting for the lock.
@@ -134,6 +123,7 @@ class WorkerEvents(ManagerBase):
             return
         with self.keeper.transaction() as doc:
             swap_roles(doc, dead_ref, partner_ref, self.keeper.clock())
+        await self.keeper.durable()
         dead = self.doc.workers[dead_ref]
         key = watcher_key(dead.component, dead.replica)
         self._stopping.add(key)

@@ -126,6 +126,7 @@ class HealthMonitor:
         self.last_sample = self.manager.keeper.clock()
         await self.manager.apply_health(self.facts)
         await self.manager.expire()
+        await self.manager.expire_jobs()
 
     def as_dict(self) -> dict[int, dict[str, Any]]:
         return {index: f.as_dict() for index, f in self.facts.items()}

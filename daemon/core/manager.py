@@ -15,11 +15,17 @@ from computegroups.daemon.core.components import Components
 from computegroups.daemon.core.events import WorkerEvents
 from computegroups.daemon.core.groups import Groups
 from computegroups.daemon.core.queries import Queries
-from computegroups.daemon.core.transactions import Caller
+from computegroups.daemon.core.transactions import Caller, StateKeeper
 from computegroups.daemon.core.upkeep import Upkeep
+from computegroups.daemon.core.workers import WorkerPaths
+from computegroups.daemon.supervision.supervisor import Supervisor
 
 __all__ = ["Caller", "Manager"]
 
 
 class Manager(WorkerEvents, Components, Groups, Upkeep, Queries):
     """The API's operations on one state keeper and one supervisor."""
+
+    def __init__(self, keeper: StateKeeper, supervisor: Supervisor, paths: WorkerPaths) -> None:
+        super().__init__(keeper, supervisor, paths)
+        keeper.on_freed = self.queue_soon

@@ -18,9 +18,10 @@ from msgspec.structs import replace
 
 from computegroups.daemon.core.events import swap_roles
 from computegroups.daemon.core.manager import Manager
+from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import remove_component
 from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
-from computegroups.daemon.model.enums import ComponentState
+from computegroups.daemon.model.enums import ComponentState, Outcome, RestartMode
 from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.supervision.proctree import marked_processes, process_tree
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
@@ -63,6 +64,7 @@ async def recover(manager: Manager) -> RecoveryReport:
                 if name in doc.components:
                     doc.components[name] = replace(doc.components[name], state=ComponentState.LOST)
 
+        await keeper.durable()
         releasing = [c.name for c in keeper.doc.components.values() if c.state == "releasing"]
         await asyncio.gather(*(
             manager.supervisor.stop_stray(w.pid, w.create_time, 10.0)
@@ -73,20 +75,35 @@ async def recover(manager: Manager) -> RecoveryReport:
                 for name in releasing:
                     remove_component(doc, keeper, name, set(releasing))
             log.warning("finished releasing %s, cut short by the previous run", ", ".join(releasing))
+            await keeper.durable()
 
-        adopted, to_start = [], []
+        adopted, to_start, ended = [], [], []
         for ref, w in sorted(keeper.doc.workers.items()):
             comp = keeper.doc.components.get(w.component)
-            if comp is None or comp.state == "lost":
+            if comp is None or comp.state == "lost" or comp.state in FINISHED or w.outcome is not None:
                 continue
             spec = build_spec(keeper.doc, comp, w.replica, w.role, manager.paths, keeper.config)
             if w.pid and w.create_time and manager.supervisor.adopt(spec, w.pid, w.create_time):
                 adopted.append(ref)
                 manager.replica_states[ref] = "adopted"
+            elif comp.spec.restart.mode == RestartMode.NEVER and w.pid:
+                ended.append(ref)  # it ran, and ended while cgd was down (a reboot, say): never again
             else:
                 to_start.append(ref)
+        if ended:
+            log.warning("not starting %s again (restart policy never): not running when cgd started",
+                        ", ".join(ended))
+            manager._end_for_good(ended, Outcome.FAILED, None)
+        counted = [ref for ref in to_start if keeper.doc.workers[ref].pid
+                   and keeper.doc.components[keeper.doc.workers[ref].component].spec.restart.mode
+                   == RestartMode.ON_FAILURE]
+        if counted:  # an end nobody saw (a reboot) counts as a failure for on-failure
+            with keeper.transaction() as doc:
+                for ref in counted:
+                    doc.workers[ref] = replace(doc.workers[ref], restarts=doc.workers[ref].restarts + 1)
 
         _fail_over(manager, to_start)
+        await keeper.durable()
         for ref in adopted:
             _finish_promotion(manager, keeper.doc.workers[ref])
 
@@ -98,6 +115,10 @@ async def recover(manager: Manager) -> RecoveryReport:
         await asyncio.gather(*(manager.supervisor.stop_stray(pid, start, 10.0) for pid, start, _ in strays))
 
         await manager.start_workers(to_start)
+    for name, comp in keeper.doc.components.items():
+        if comp.state not in FINISHED and comp.spec.time_limit_s is not None and comp.state != "pending":
+            manager.arm_time_limit(name)
+    manager.queue_soon()
     for ref in adopted:
         log.info("adopted %s (pid %s) from the previous run", ref, keeper.doc.workers[ref].pid)
     return RecoveryReport(tuple(adopted), tuple(to_start), tuple(pid for pid, _, _ in strays), tuple(lost))
@@ -162,3 +183,4 @@ async def shutdown(manager: Manager, keep_workers: bool) -> None:
             with manager.keeper.transaction() as doc:
                 for ref, w in doc.workers.items():
                     doc.workers[ref] = replace(w, pid=None, create_time=None)
+        await manager.keeper.durable()

@@ -91,6 +91,12 @@ class StateKeeper:
     one the ledger followed (another process committed, or a commit failed).
     If anything raises inside `transaction()`, nothing is written and the
     ledger follows the last committed document again.
+
+    Commits are group commits: a transaction appends its change and lets
+    the lock go before the change is durable, so requests that arrive while
+    an fsync is in flight share the next one. Nothing may act on a change
+    (start or stop a process, answer a client) before `durable()` says it
+    is on disk; the manager's process steps and the API's replies wait for it.
     """
 
     def __init__(self, machine: Machine, store: StateStore, config: DaemonConfig,
@@ -116,6 +122,15 @@ class StateKeeper:
         that differ from it (a cheap comparison of Structs) are derived again."""
         self._followed = -1
         """The generation of the document the ledger was last brought in line with."""
+        self._syncing: asyncio.Future[None] | None = None
+        """The fsync in flight, which every change appended before it began shares."""
+        self._flusher: asyncio.Task[None] | None = None
+        self._watchers: list[asyncio.Future[None]] = []
+        """Waiters for the next commit (`changed`)."""
+        self.on_freed: Callable[[], None] = lambda: None
+        """Called after a commit that gave capacity back (a group gone, a GPU undrained): the queue's cue."""
+        self._freed = False
+        self._unavailable: set[int] = set()
         self._follow(self.doc)
 
     def _follow(self, doc: StateDoc) -> None:
@@ -123,15 +138,35 @@ class StateKeeper:
         changes: dict[str, Holding | None] = {}
         for gid in (basis.keys() | self.allocator.held_ids()) - groups.keys():
             changes[gid] = None  # gone from the document, or placed and never recorded
+            self._freed = self._freed or gid in basis
             basis.pop(gid, None)
         for gid, g in groups.items():
             if basis.get(gid) != g:
                 changes[gid] = self._holding(g)
                 basis[gid] = replace(g, devices=tuple(replace(d) for d in g.devices))
         self.allocator.update(changes)
-        self.allocator.set_unavailable(self.unavailable_gpus(doc))
+        unavailable = self.unavailable_gpus(doc)
+        self._freed = self._freed or bool(self._unavailable - unavailable)
+        self._unavailable = unavailable
+        self.allocator.set_unavailable(unavailable)
         self.allocator.set_foreign(self.foreign)
         self._followed = doc.generation
+
+    def sync_ledger(self, doc: StateDoc) -> None:
+        """Bring the allocator's ledger in line with `doc` (the open transaction's) before asking it anything."""
+        self._follow(doc)
+
+    async def changed(self, timeout: float) -> None:
+        """Return at the next commit, or after `timeout` seconds: for those who wait for a state to be reached."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._watchers.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if waiter in self._watchers:
+                self._watchers.remove(waiter)
 
     def _holding(self, g: GroupRecord) -> Holding | None:
         """What a group holds of the machine; None when it holds nothing here (lost, or its GPU is gone)."""
@@ -160,10 +195,60 @@ class StateKeeper:
         with self._open() as txn:
             yield txn.doc
 
+    async def durable(self) -> None:
+        """Return once every change committed so far is on disk, sharing one fsync with everyone waiting.
+
+        One fsync runs at a time, in a thread so the loop keeps taking
+        requests (whose changes the next fsync covers); a waiter whose change
+        the running fsync does not cover waits for it, then starts the next.
+        A failed fsync leaves the store refusing every change until cgd
+        restarts and reads the disk again: what was acknowledged is known,
+        what was not is lost, nothing in between.
+        """
+        target = self.doc.generation
+        while self.store.durable_generation < target:
+            syncing = self._syncing
+            if syncing is None or syncing.done():  # a done one did not cover `target`: its callback may not have run
+                syncing = self._syncing = asyncio.ensure_future(
+                    asyncio.to_thread(self.store.sync, self.doc.generation))
+                syncing.add_done_callback(self._synced)
+            try:
+                await asyncio.shield(syncing)
+            except StateError as exc:
+                log.critical("%s", exc)
+                raise StateUnwritable(str(exc)) from exc
+
+    def _synced(self, done: asyncio.Future[None]) -> None:
+        if self._syncing is done:
+            self._syncing = None
+
+    def _flush_soon(self) -> None:
+        """Start the fsync of a change now, whether or not anyone waits for it.
+
+        So a change nobody answers for (a worker's exit, recorded) is not left
+        in the page cache until the next request. Without a running loop (a
+        tool or a test using the keeper directly) the change is made durable
+        before `transaction()` returns, as a plain store commit is.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.store.sync(self.doc.generation)
+            return
+        if self._flusher is None or self._flusher.done():
+            self._flusher = loop.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self.store.durable_generation < self.doc.generation:
+                await self.durable()
+        except StateUnwritable:
+            pass  # logged by durable(); every waiter gets the refusal itself
+
     @contextmanager
     def _open(self) -> Iterator[Transaction]:
         try:
-            with (txn := self.store.transaction()) as doc:
+            with (txn := self.store.transaction(sync=False)) as doc:
                 if doc.generation != self._followed:
                     self._follow(doc)
                 yield txn
@@ -171,6 +256,15 @@ class StateKeeper:
             assert txn.committed is not None
             self.doc = txn.committed
             self._followed = self.doc.generation
+            if txn.written:
+                self._flush_soon()
+                if self._freed:
+                    self._freed = False
+                    self.on_freed()
+                watchers, self._watchers = self._watchers, []
+                for waiter in watchers:
+                    if not waiter.done():
+                        waiter.set_result(None)
         except StateLockedError:
             self._follow(self.doc)
             raise

@@ -65,6 +65,7 @@ class Upkeep(ManagerBase):
                     over_ref = ReplicaRef.parse(over["replica"])
                     key = watcher_key(over_ref.component, over_ref.replica)
                     if self.supervisor.is_running(key):
+                        await self.keeper.durable()
                         self._stopping.add(key)
                         try:
                             await self.supervisor.stop_worker(key)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from computegroups.daemon.core.queue import queue_order
 from computegroups.daemon.core.workers import replica_groups, replica_ref, visible_devices
 from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.supervision.workerenv import cuda_visible_devices
@@ -65,6 +66,10 @@ def component_view(
         role = worker.role if worker else ("shadow" if comp.shadow_of else "primary")
         if comp.state == "lost":
             state = "lost"
+        elif worker is not None and worker.outcome is not None:
+            state = worker.outcome
+        elif comp.state == "pending":
+            state = "pending"
         else:
             state = replica_states.get(ref) or ("running" if worker and worker.pid else
                                                 ("allocated" if worker is None else "starting"))
@@ -83,13 +88,31 @@ def component_view(
             ],
             "cuda_visible_devices": cuda_visible_devices(devices, naming),
             "pids": pids.get(ref, []),
+            "started_at": worker.started_at if worker else None,
+            "ended_at": worker.ended_at if worker else None,
+            "exit_code": worker.exit_code if worker else None,
         })
         explanations.extend(g.explanation for g in groups if g.explanation not in explanations)
     spec = comp.spec
+    state = str(comp.state)
+    if state == "running" and any(r["state"] == "restarting" for r in replicas):
+        state = "restarting"
+    queue = None
+    if comp.state == "pending":
+        order = [c.name for c in queue_order(doc)]
+        queue = {"position": order.index(comp.name) + 1, "reason": comp.pending_reason,
+                 "queued_at": comp.queued_at, "detached": comp.waiter_pid is None and comp.lease_pid is None}
     return {
         "name": comp.name,
         "owner": owner_view(comp.owner_uid, comp.owner_gid),
-        "state": comp.state,
+        "state": state,
+        "restart": spec.restart.mode,
+        "time_limit_s": spec.time_limit_s,
+        "stop_timeout_s": spec.stop_timeout_s,
+        "ended_at": comp.ended_at,
+        "duration_s": comp.ended_at - comp.created if comp.ended_at is not None else None,
+        "exit_code": job_exit_code(replicas) if comp.ended_at is not None else None,
+        "queue": queue,
         "replicas_wanted": comp.replicas,
         "scope": spec.scope,
         "share_with": spec.share_with,
@@ -101,6 +124,23 @@ def component_view(
         "replicas": replicas,
         "explanation": "; ".join(e for e in explanations if e),
     }
+
+
+def job_exit_code(replicas: list[dict[str, Any]]) -> int:
+    """What `cgctl wait` exits with: the first non-zero replica status, 128+N for signal N (as a shell says).
+
+    A replica stopped at its time limit reads 124, as with timeout(1); one
+    that ended with no status to tell (it never started) reads 1.
+    """
+    for r in replicas:
+        code = r["exit_code"]
+        if r["state"] == "timeout":
+            return 124
+        if code is None:
+            return 1
+        if code != 0:
+            return 128 - code if code < 0 else code
+    return 0
 
 
 def reservation_view(doc: StateDoc, r: ReservationRecord) -> dict[str, Any]:

@@ -121,7 +121,8 @@ def build_spec(
         stdout_path=str(stdout),
         stderr_path=str(stderr),
         restart=RestartPolicy(
-            max_retries=request.restart.max_retries, backoff_s=request.restart.backoff_s,
+            mode=request.restart.mode, max_retries=request.restart.max_retries,
+            backoff_s=request.restart.backoff_s,
         ),
         stop_timeout_s=request.stop_timeout_s,
         stop_signal=signal.SIGTERM,

@@ -101,7 +101,7 @@ class Shares(_Section, frozen=True, kw_only=True):
 class Workers(_Section, frozen=True, kw_only=True):
     device_naming: DeviceNaming = DeviceNaming.INDICES
     promotion_signal: str = "SIGUSR1"
-    log_max_bytes: PositiveInt = 64 * 1024 * 1024
+    log_max_bytes: PositiveInt = 100 * 1024 * 1024
     log_backups: PositiveInt = 3
 
     def signal_number(self) -> int:
@@ -109,6 +109,12 @@ class Workers(_Section, frozen=True, kw_only=True):
             return int(signal.Signals[self.promotion_signal])
         except KeyError:
             raise ModelError("workers.promotion_signal", f"unknown signal {self.promotion_signal!r}") from None
+
+
+class JobsConfig(_Section, frozen=True, kw_only=True):
+    """The `[jobs]` table: how long an ended job stays listed (with its exit codes) before it is forgotten."""
+
+    retention_s: Annotated[float, Meta(ge=0)] = 24 * 3600.0
 
 
 class Limits(_Section, frozen=True, kw_only=True):
@@ -127,6 +133,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     shares: Shares = msgspec.field(default_factory=Shares)
     workers: Workers = msgspec.field(default_factory=Workers)
     limits: Limits = msgspec.field(default_factory=Limits)
+    jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
 
     def daemon_config(self) -> DaemonConfig:
         """What cgd reads; raises ModelError for a value that only reads as text."""
@@ -145,6 +152,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
             log_max_bytes=self.workers.log_max_bytes,
             log_backups=self.workers.log_backups,
             limits=self.limits,
+            jobs=self.jobs,
         )
 
 
@@ -157,9 +165,10 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
     mps: bool = False
     device_naming: DeviceNaming = DeviceNaming.INDICES
     promotion_signal: int = int(signal.SIGUSR1)
-    log_max_bytes: int = 64 * 1024 * 1024
+    log_max_bytes: int = 100 * 1024 * 1024
     log_backups: int = 3
     limits: Limits = msgspec.field(default_factory=Limits)
+    jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
 
 
 def load_config(path: str | Path | None) -> DaemonConfig:

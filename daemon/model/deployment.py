@@ -28,6 +28,7 @@ from msgspec.structs import replace
 
 from computegroups.daemon.model.claims import Claim, MemorySize, Name, Percent
 from computegroups.daemon.model.decoding import ModelError, convert, to_plain
+from computegroups.daemon.model.enums import RestartMode
 from computegroups.daemon.model.requests import (
     _NO_NUL,
     MAX_REPLICAS,
@@ -201,8 +202,11 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 
     def request(self, path: str, shadow_of: str | None) -> ComponentRequest:
         """The component request of one instance, the form the workers are built from."""
+        restart = self.restart
+        if restart.policy is None:  # a deployment runs services
+            restart = msgspec.structs.replace(restart, policy=RestartMode.ALWAYS)
         return ComponentRequest(name=path, shadow_of=shadow_of, command=self.command, env=dict(self.env),
-                                cwd=self.cwd, restart=self.restart, stop_timeout_s=self.stop_timeout_s)
+                                cwd=self.cwd, restart=restart, stop_timeout_s=self.stop_timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -216,7 +220,7 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             out["replicas"] = self.replicas
         else:
             out["shadow_of"] = self.shadow_of
-        out["restart"] = to_plain(self.restart)
+        out["restart"] = {k: v for k, v in to_plain(self.restart).items() if v is not None}
         out["stop_timeout_s"] = self.stop_timeout_s
         if self.sharing:
             out["sharing"] = [s.to_dict() for s in self.sharing]

@@ -24,17 +24,52 @@ from computegroups.daemon.model.decoding import (
     ModelError,
     convert,
 )
-from computegroups.daemon.model.enums import Scope
+from computegroups.daemon.model.enums import RestartMode, Scope
 from computegroups.daemon.model.names import NAME_PATTERN, NAME_RE
 
 __all__ = [
-    "MAX_REPLICAS", "NAME_RE", "RESERVED_ENV_PREFIXES", "SCOPES", "ComponentRequest", "ComponentSpec",
-    "GroupRequest", "RequestError", "ReservationRequest", "ReservationSpec", "RestartRequest", "RestartSpec",
-    "ScaleRequest", "Scope", "check_name", "parse_component", "parse_group", "parse_reservation",
-    "parse_restart", "parse_scale",
+    "LOADER_ENV",
+    "MAX_REPLICAS",
+    "NAME_RE",
+    "RESERVED_ENV",
+    "RESERVED_ENV_PREFIXES",
+    "SCOPES",
+    "ComponentRequest",
+    "ComponentSpec",
+    "GroupRequest",
+    "RequestError",
+    "ReservationRequest",
+    "ReservationSpec",
+    "RestartRequest",
+    "RestartSpec",
+    "ScaleRequest",
+    "Scope",
+    "check_name",
+    "parse_component",
+    "parse_group",
+    "parse_reservation",
+    "parse_restart",
+    "parse_scale",
+    "reserved_env",
 ]
 
-RESERVED_ENV_PREFIXES = ("CG_", "CUDA_")
+RESERVED_ENV_PREFIXES = ("CG_", "CUDA_MPS_")
+RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+"""Set by cgd from the compute group: a worker that set them could lie about its GPUs. Other CUDA_*
+variables (CUDA_HOME, CUDA_CACHE_PATH) are the user's."""
+LOADER_ENV = frozenset({
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE",
+    "LD_PROFILE_OUTPUT", "LD_ORIGIN_PATH", "LD_DYNAMIC_WEAK", "LD_SHOW_AUXV", "LD_USE_LOAD_BIAS",
+    "LD_HWCAP_MASK", "LD_BIND_NOT", "GCONV_PATH", "GETCONF_DIR", "HOSTALIASES", "LOCALDOMAIN",
+    "LOCPATH", "MALLOC_TRACE", "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TMPDIR",
+    "TZDIR",
+})
+"""What the dynamic loader reads to run other code (glibc's list of variables it ignores for setuid
+programs): never set for a worker that runs as root."""
+
+
+def reserved_env(key: str) -> bool:
+    return key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES)
 MAX_REPLICAS = 1024
 
 RequestError = ModelError
@@ -48,6 +83,7 @@ Text = Annotated[str, Meta(pattern=_NO_NUL)]
 EnvName = Annotated[str, Meta(pattern=_ENV_NAME)]
 Replicas = Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]
 Seconds = Annotated[float, Meta(ge=0, le=3600)]
+TimeLimit = Annotated[float, Meta(gt=0, le=366 * 24 * 3600)]
 
 
 SCOPES = tuple(s.value for s in Scope)
@@ -63,8 +99,15 @@ def check_name(value: Any, path: str = "name") -> str:
 
 
 class RestartSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    policy: RestartMode | None = None
+    """None until the component is made: then `on-failure` for one allocated with a command (a job),
+    `always` for a deployment's (a service). A record written before policies existed has None: `always`."""
     max_retries: Annotated[int, Meta(ge=0, le=1000)] = 5
     backoff_s: Seconds = 1.0
+
+    @property
+    def mode(self) -> RestartMode:
+        return self.policy or RestartMode.ALWAYS
 
 
 class _Process(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -80,6 +123,8 @@ class _Process(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cwd: Annotated[str, Meta(min_length=1, pattern=_NO_NUL)] | None = None
     restart: RestartSpec = RestartSpec()
     stop_timeout_s: Seconds = 10.0
+    time_limit_s: TimeLimit | None = None
+    """A replica still running this long after it started is stopped and marked `timeout` (Slurm's --time)."""
 
     def __post_init__(self) -> None:
         if self.share_with and self.shadow_of:
@@ -92,8 +137,9 @@ class _Process(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.shell and (self.command is None or len(self.command) != 1):
             raise ValueError("shell: needs a command of exactly one string (the shell line)")
         for key in self.env:
-            if key.startswith(RESERVED_ENV_PREFIXES):
-                raise ValueError(f"env.{key}: CG_* and CUDA_* are set by cgd from the compute group")
+            if reserved_env(key):
+                raise ValueError(f"env.{key}: CG_*, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and CUDA_MPS_* "
+                                 "are set by cgd from the compute group")
 
 
 class ComponentSpec(_Process, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -110,18 +156,26 @@ class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_field
     name: Name
     replicas: Replicas = 1
     lease: bool = False
+    wait: bool = False
+    """A claim that does not fit now is queued (`pending`) instead of refused."""
+    detach: bool = False
+    """With `wait`: the queued component stays queued when the asking client goes (sbatch), instead of being dropped."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.name in (self.share_with, self.shadow_of):
             raise ValueError("share_with: a component cannot share with itself")
+        if self.detach and not self.wait:
+            raise ValueError("detach: only with wait (a claim that is not queued has nothing to detach from)")
+        if self.detach and self.lease:
+            raise ValueError("detach: not with lease (a detached component outlives its client)")
 
     def spec(self) -> ComponentSpec:
         """The form kept in the state file (the lease lives on the record)."""
         return ComponentSpec(
             claim=self.claim, scope=self.scope, share_with=self.share_with,
             shadow_of=self.shadow_of, command=self.command, shell=self.shell, env=dict(self.env), cwd=self.cwd,
-            restart=self.restart, stop_timeout_s=float(self.stop_timeout_s),
+            restart=self.restart, stop_timeout_s=float(self.stop_timeout_s), time_limit_s=self.time_limit_s,
         )
 
     @classmethod
@@ -130,7 +184,7 @@ class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_field
         return cls(
             name=name, claim=s.claim, scope=s.scope, share_with=s.share_with, shadow_of=s.shadow_of,
             command=s.command, shell=s.shell, env=dict(s.env), cwd=s.cwd, restart=s.restart,
-            stop_timeout_s=s.stop_timeout_s,
+            stop_timeout_s=s.stop_timeout_s, time_limit_s=s.time_limit_s,
         )
 
 

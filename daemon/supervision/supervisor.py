@@ -41,9 +41,10 @@ from typing import TypeVar
 from circus.process import Process
 from circus.watcher import Watcher
 
+from computegroups.daemon.model.enums import RestartMode
 from computegroups.daemon.supervision import worklogs
 from computegroups.daemon.supervision.arbiter import LoopArbiter
-from computegroups.daemon.supervision.launch import LaunchSpec, shim_argv, write_spec
+from computegroups.daemon.supervision.launch import SPEC_SUFFIX, LaunchSpec, compile_shim, shim_argv, write_spec
 from computegroups.daemon.supervision.processes import ProcessHandle, start_time
 from computegroups.daemon.supervision.proctree import marked_processes
 
@@ -74,6 +75,7 @@ class RestartPolicy:
     `max_retries` of them. A run that lasted `reset_after_s` is not a quick
     failure: the count starts again."""
 
+    mode: RestartMode = RestartMode.ALWAYS
     max_retries: int = 5
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
@@ -81,6 +83,12 @@ class RestartPolicy:
 
     def delay(self, failures: int) -> float:
         return float(min(self.backoff_s * 2 ** max(0, failures - 1), self.backoff_max_s))
+
+    def wants_restart(self, returncode: int | None) -> bool:
+        """Whether an exit with `returncode` (None: unknown, as for an adopted worker) calls for another run."""
+        if self.mode == RestartMode.ALWAYS:
+            return True
+        return self.mode == RestartMode.ON_FAILURE and returncode != 0
 
 
 @dataclass(frozen=True)
@@ -185,12 +193,15 @@ class Supervisor:
         self._cleanups: dict[str, asyncio.Task[None]] = {}
         """Per worker key: stopping what its last run left running (see `_end_leftovers`)."""
         self._arbiter: LoopArbiter | None = None
+        self._shim = ""
+        """The compiled launch shim, in the arbiter's private directory (see launch.py)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._arbiter = LoopArbiter(self._runtime_dir)
+        self._shim = compile_shim(str(self._arbiter.directory))
         await self._arbiter.start()
 
     async def stop(self, keep_workers: bool = False) -> None:
@@ -322,7 +333,7 @@ class Supervisor:
             raise PermissionError(f"cgd runs as uid {os.geteuid()} and can not run workers as uid {spec.uid}")
         if spec.uid != 0 and spec.gid == 0:
             raise PermissionError(f"worker {spec.key}: refusing group root for uid {spec.uid}")
-        return _Worker(spec, self._arbiter.spec_dir / f"{spec.key}.json")
+        return _Worker(spec, self._arbiter.spec_dir / f"{spec.key}{SPEC_SUFFIX}")
 
     async def _spawn(self, worker: _Worker) -> WorkerStart:
         assert self._arbiter is not None
@@ -333,7 +344,7 @@ class Supervisor:
         ))
         if worker.watcher is None:
             worker.watcher = self._arbiter.add(
-                spec.key, shim_argv(str(worker.spec_file)), spec.stop_signal, spec.stop_timeout_s)
+                spec.key, shim_argv(self._shim, str(worker.spec_file)), spec.stop_signal, spec.stop_timeout_s)
         try:
             process = await self._arbiter.spawn(worker.watcher)
         except BaseException:
@@ -371,7 +382,7 @@ class Supervisor:
             task.add_done_callback(functools.partial(self._cleanup_done, worker.spec.key, run=run))
         else:
             run.handle.close()
-        will_restart = self._after_failure(worker, run.handle.create_time)
+        will_restart = self._after_failure(worker, run.handle.create_time, returncode)
         _resolve(run.exited, returncode)
         log.info("worker %s (pid %d) ended with %s%s", worker.spec.key, pid,
                  describe_exit(returncode, adopted=run.process is None), ", restarting" if will_restart else "")
@@ -390,12 +401,15 @@ class Supervisor:
         if task is not None:
             await asyncio.wait([task])
 
-    def _after_failure(self, worker: _Worker, started: float) -> bool:
+    def _after_failure(self, worker: _Worker, started: float, returncode: int | None) -> bool:
         """Count an unrequested end of a run and schedule the restart; False
         (and the worker forgotten) when it is not to be restarted."""
         if not worker.wanted or self._closing:
             return False
         policy = worker.spec.restart
+        if not policy.wants_restart(returncode):
+            self._forget(worker)
+            return False
         if time.time() - started >= policy.reset_after_s:
             worker.failures = 0
         worker.failures += 1
@@ -422,7 +436,7 @@ class Supervisor:
                 await self._spawn(worker)
             except Exception as exc:
                 log.error("worker %s could not be restarted: %s", worker.spec.key, exc)
-                will_restart = self._after_failure(worker, time.time())
+                will_restart = self._after_failure(worker, time.time(), None)
                 _call(self._on_exit, WorkerExit(worker.spec.key, 0, None, will_restart))
 
     def _abandon(self, watcher: Watcher) -> None:

@@ -20,6 +20,8 @@ Answer = Any | CgdError | Callable[[Request], Any]
 
 class FakeCgd(Endpoints[Any]):
     def __init__(self) -> None:
+        self.timeout = 30.0
+        """As `CgdClient`'s: commands that wait long (a release) raise it."""
         self.requests: list[Request] = []
         self.answers: dict[tuple[str, str], Answer] = {}
 

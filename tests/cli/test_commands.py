@@ -41,7 +41,8 @@ def test_allocate_sends_every_flag(cgd: FakeCgd) -> None:
                   "gpu_ids": [0, 1, 2, 3], "priority": 3, "allow_busy": True,
                   "affinity": [{"component": "db", "level": "numa"}],
                   "anti_affinity": [{"component": "web2", "level": "device"}]},
-        "env": {"A": "1", "B": "x y"}, "command": ["python", "-m", "serve", "--port", "80"], "cwd": os.getcwd(),
+        "env": {"PATH": os.environ["PATH"], "A": "1", "B": "x y"},
+        "command": ["python", "-m", "serve", "--port", "80"], "cwd": os.getcwd(),
     }
     assert result.stdout.startswith("started web: 2 replicas")
 

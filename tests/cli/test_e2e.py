@@ -275,10 +275,15 @@ def _children(pid: int) -> list[int]:
 
 
 # Someone else's component: cgctl must run as another uid. The interpreter lives
-# where that uid cannot read, so a root Python imports cgctl, then drops to nobody.
+# where that uid cannot read, so a root Python imports cgctl and its commands
+# (which cgctl itself loads only when one runs), then drops to nobody.
 AS_NOBODY = textwrap.dedent("""
     import os, sys
-    from computegroups.cli.main import cli
+    import click
+    from computegroups.cli.main import COMMANDS, cli
+    with click.Context(cli) as ctx:
+        for name in COMMANDS:
+            cli.get_command(ctx, name)
     os.setgroups([]); os.setgid(65534); os.setuid(65534)
     cli(sys.argv[1:], prog_name="cgctl")
 """)

@@ -17,6 +17,7 @@ from computegroups.cli.options import (
     build_claim,
     build_component,
     build_reservation,
+    worker_env,
 )
 
 
@@ -90,7 +91,22 @@ def test_no_size_means_no_claim() -> None:
 def test_component_with_command_runs_here_by_default() -> None:
     body = build_component("web", _opts(gpus=1, replicas=2, env=(("A", "1"),)), ("python", "serve.py"))
     assert body == {"name": "web", "claim": {"gpus": 1}, "replicas": 2, "command": ["python", "serve.py"],
-                    "env": {"A": "1"}, "cwd": os.getcwd()}
+                    "env": {"PATH": os.environ["PATH"], "A": "1"}, "cwd": os.getcwd()}
+
+
+def test_workers_get_the_callers_path_and_with_export_everything_but_what_cgd_sets() -> None:
+    shell = {"PATH": "/venv/bin:/usr/bin", "HOME": "/home/ada", "CUDA_HOME": "/usr/local/cuda",
+             "CUDA_VISIBLE_DEVICES": "3", "CG_GROUP": "old", "LD_PRELOAD": "/x.so", "BASH_FUNC_f%%": "() {}"}
+    assert worker_env(shell, export=False, root=False) == {"PATH": "/venv/bin:/usr/bin"}
+    assert worker_env(shell, export=True, root=False) == {
+        "PATH": "/venv/bin:/usr/bin", "HOME": "/home/ada", "CUDA_HOME": "/usr/local/cuda", "LD_PRELOAD": "/x.so"}
+    assert "LD_PRELOAD" not in worker_env(shell, export=True, root=True)
+
+
+def test_job_flags_reach_the_request() -> None:
+    body = build_component("job", _opts(gpus=1, restart_policy="never", max_retries=2, time_limit=90.0),
+                           ("python", "train.py"))
+    assert body["restart"] == {"policy": "never", "max_retries": 2} and body["time_limit_s"] == 90.0
 
 
 def test_allocation_only_has_no_cwd_and_a_lease_when_asked() -> None:

@@ -24,10 +24,11 @@ plain = styler(False)
 def test_component_json_has_the_documented_keys_only() -> None:
     doc = component_json(component())
     assert set(doc) == {"name", "owner", "state", "replicas_wanted", "scope", "share_with", "shadow_of",
-                        "command", "explanation", "replicas"}
+                        "command", "restart", "time_limit_s", "ended_at", "duration_s", "exit_code", "queue",
+                        "explanation", "replicas"}
     replica = doc["replicas"][0]
     assert set(replica) == {"index", "group", "groups", "role", "state", "restarts", "devices",
-                            "cuda_visible_devices", "pids"}
+                            "cuda_visible_devices", "pids", "started_at", "ended_at", "exit_code"}
     assert replica["devices"] == [{"index": 0, "uuid": "GPU-0000", "mig_uuid": None,
                                    "memory_mib": 81559, "compute_pct": 100}]
 

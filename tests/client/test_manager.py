@@ -48,8 +48,17 @@ class MemoryProvider(ComputeResourceProvider):
 
     async def allocate_resources(self, component_name: str, resources: Mapping[str, Any]) -> dict[str, Any]:
         self.calls.append(("allocate", (component_name, dict(resources))))
+        if resources.get("wait"):  # queued: placed once the manager waits for it
+            return {"name": component_name, "state": "pending", "replicas": [{"index": 0, "group": None}]}
         self.groups[f"{component_name}-0"] = _group(f"{component_name}-0", component_name, [_device(3)])
         return {"name": component_name, "replicas": [{"index": 0, "group": f"{component_name}-0"}]}
+
+    async def wait_component(self, component_name: str, until: str, timeout: float | None) -> dict[str, Any]:
+        self.calls.append(("wait", (component_name, until, timeout)))
+        self.groups[f"{component_name}-0"] = _group(f"{component_name}-0", component_name, [_device(3)])
+        return {"name": component_name, "state": "running" if until == "placed" else "completed",
+                "exit_code": None if until == "placed" else 0,
+                "replicas": [{"index": 0, "group": f"{component_name}-0"}]}
 
     async def deallocate_resources(self, component_name: str, resource_ids: Sequence[str]) -> bool:
         self.calls.append(("deallocate", (component_name, sorted(resource_ids))))
@@ -160,3 +169,30 @@ def test_summary(provider: MemoryProvider) -> None:
     assert summary["memory_allocated_mib"] == 81920 + 40960 + 20480
     assert summary["groups_by_state"] == {"allocated": 3}
     assert summary["components"] == {"web": {"state": "running", "replicas": 2, "groups": ["web-0", "web-1"]}}
+
+
+def test_a_queued_allocation_waits_for_its_place(provider: MemoryProvider) -> None:
+    manager = ComputeGroupManager(provider)
+    group = asyncio.run(manager.allocate_compute_group("train", {"gpus": 1}, {"wait": True, "time_limit_s": 60}))
+    assert group.id == "train-0"
+    assert provider.calls[0] == ("allocate", ("train", {"wait": True, "time_limit_s": 60, "claim": {"gpus": 1}}))
+    assert provider.calls[1] == ("wait", ("train", "placed", None))
+
+
+def test_a_detached_allocation_is_refused_for_want_of_a_group(provider: MemoryProvider) -> None:
+    with pytest.raises(ValueError, match="submit_job"):
+        asyncio.run(ComputeGroupManager(provider).allocate_compute_group("train", {"gpus": 1},
+                                                                         {"wait": True, "detach": True}))
+    assert provider.calls == []
+
+
+def test_submit_and_wait_for_a_job(provider: MemoryProvider) -> None:
+    manager = ComputeGroupManager(provider)
+    queued = asyncio.run(manager.submit_job("train", {"gpus": 8}, ["python", "train.py"],
+                                            {"time_limit_s": 600, "strategy": "pack"}))
+    assert queued["state"] == "pending"
+    assert provider.calls[0] == ("allocate", ("train", {
+        "wait": True, "detach": True, "time_limit_s": 600, "command": ["python", "train.py"],
+        "claim": {"gpus": 8, "strategy": "pack"}}))
+    ended = asyncio.run(manager.wait_job("train", timeout=5))
+    assert ended["exit_code"] == 0 and provider.calls[1] == ("wait", ("train", "ended", 5))

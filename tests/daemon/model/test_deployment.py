@@ -102,7 +102,8 @@ def test_the_example_parses_and_round_trips_through_the_state_form() -> None:
         (lambda d: component(d, "worker-a-standby").update(sharing=[]),
          "grove.toml: components[1].sharing: not allowed with shadow_of"),
         (lambda d: component(d, "worker-a").update(env={"CUDA_VISIBLE_DEVICES": "0"}),
-         "grove.toml: components[0].env.CUDA_VISIBLE_DEVICES: CG_* and CUDA_* are set by cgd"),
+         "grove.toml: components[0].env.CUDA_VISIBLE_DEVICES: "
+         "CG_*, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and CUDA_MPS_* are set by cgd"),
         (lambda d: component(d, "worker-a").update(cwd="relative/dir"),
          "grove.toml: components[0].cwd: 'relative/dir' is not an absolute path"),
         (lambda d: component(d, "worker-a").update(replicas=-1),

@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from computegroups.daemon.supervision import processes, supervisor
+from computegroups.daemon.supervision.launch import LaunchSpec
 from computegroups.daemon.supervision.supervisor import RestartPolicy, Supervisor, WorkerExit, WorkerSpec, WorkerStart
 from tests.daemon_fixture import wait_for
 
@@ -195,13 +196,13 @@ def test_control_endpoints_are_private(tmp_path: Path) -> None:
         assert {p.name for p in private.iterdir()} >= {"control.sock", "events.sock"}
         spec = spec_for(tmp_path, "priv.0", SLEEPER)
         await sup.start_worker(spec)
-        launch_spec = private / "specs" / "priv.0.json"
+        launch_spec = private / "specs" / "priv.0.spec"
         assert stat.S_IMODE(launch_spec.stat().st_mode) == 0o600
-        assert json.loads(launch_spec.read_text())["env"] == dict(spec.env)
+        assert LaunchSpec.decode(launch_spec.read_bytes()).env == dict(spec.env)
 
     run_with(tmp_path, body)
     assert not (tmp_path / "run" / "circus" / "control.sock").exists()
-    assert not (tmp_path / "run" / "circus" / "specs" / "priv.0.json").exists()
+    assert not (tmp_path / "run" / "circus" / "specs" / "priv.0.spec").exists()
 
 
 def test_stop_worker_is_graceful_and_never_restarts(tmp_path: Path) -> None:
@@ -551,7 +552,7 @@ def test_a_start_cancelled_half_way_leaves_no_process(tmp_path: Path) -> None:
         for child in psutil.Process().children(recursive=True):
             try:
                 words = child.cmdline()
-                if marker in words or any(w.endswith("cancel.0.json") for w in words):
+                if marker in words or any(w.endswith("cancel.0.spec") for w in words):
                     found.append(child)
             except psutil.Error:
                 pass

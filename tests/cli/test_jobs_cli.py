@@ -1,0 +1,129 @@
+"""Jobs through cgctl, as a new user types them: finish, fail, wait, queue, the caller's PATH and env."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.daemon_fixture import Cgd, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def ok(cgd: Cgd, *args: str, env: dict[str, str] | None = None, timeout: float = 30.0) -> str:
+    done = cgd.cgctl(*args, env=env, timeout=timeout)
+    assert done.returncode == 0, (args, done.stdout, done.stderr, cgd.log())
+    return done.stdout
+
+
+def test_a_oneshot_job_runs_once_frees_its_gpu_and_wait_says_0(cgd: Cgd) -> None:
+    out = ok(cgd, "allocate", "oneshot", "--gpus", "8", "--", "sh", "-c", "echo hi; exit 0")
+    assert out.startswith("started oneshot"), out
+    done = cgd.cgctl("wait", "oneshot", "--timeout", "20s")
+    assert done.returncode == 0 and done.stdout.startswith("oneshot completed after"), done
+    assert (cgd.log_dir / "oneshot" / "0.out").read_text() == "hi\n"
+    ok(cgd, "allocate", "next", "--gpus", "8")  # the GPUs came back
+    listed = ok(cgd, "list")
+    assert "completed (0)" in listed and all(len(line) <= 80 for line in listed.splitlines()), listed
+
+
+def test_a_failing_job_retries_then_fails_and_wait_exits_with_its_code(cgd: Cgd) -> None:
+    ok(cgd, "allocate", "crash", "--gpus", "1", "--max-retries", "1", "--", "sh", "-c", "echo run; exit 3")
+    done = cgd.cgctl("wait", "crash")
+    assert done.returncode == 3 and "crash failed" in done.stdout, done
+    assert (cgd.log_dir / "crash" / "0.out").read_text() == "run\nrun\n"
+    listed = json.loads(ok(cgd, "--json", "list"))
+    (crash,) = [c for c in listed["components"] if c["name"] == "crash"]
+    assert crash["state"] == "failed" and crash["exit_code"] == 3 and crash["replicas"][0]["restarts"] == 1
+
+
+def test_wait_on_a_time_limit_exits_124(cgd: Cgd) -> None:
+    ok(cgd, "allocate", "slow", "--gpus", "1", "--time-limit", "0.5s", "--", "sleep", "60")
+    done = cgd.cgctl("wait", "slow")
+    assert done.returncode == 124 and "slow timeout" in done.stdout, done
+
+
+def test_two_whole_box_jobs_with_wait_run_one_after_the_other(cgd: Cgd, tmp_path: Path) -> None:
+    marks = tmp_path / "order"
+    job = f"echo start $CG_COMPONENT >> {marks}; sleep 0.3; echo end $CG_COMPONENT >> {marks}"
+    ok(cgd, "allocate", "a", "--gpus", "8", "--wait", "--", "sh", "-c", job)
+    done = cgd.cgctl("allocate", "b", "--gpus", "8", "--wait", "5m", "--", "sh", "-c", job, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("started b"), done
+    assert "queued b: position 1" in done.stderr, done.stderr
+    ok(cgd, "wait", "b")
+    assert marks.read_text().split("\n")[:4] == ["start a", "end a", "start b", "end b"]
+
+
+def test_a_detached_claim_survives_kill_9_of_cgd_and_still_starts(start_cgd, tmp_path: Path) -> None:
+    cgd = start_cgd("dgx-h100")
+    go = tmp_path / "go"
+    ok(cgd, "allocate", "holder", "--gpus", "8", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done")
+    out = ok(cgd, "allocate", "later", "--gpus", "8", "--detach", "--", "sh", "-c", "echo ran")
+    assert out.startswith("queued later: position 1"), out
+    cgd.kill9()
+    cgd.start()
+    assert "pending #1" in ok(cgd, "list")
+    go.touch()
+    ok(cgd, "wait", "later", "--timeout", "20s")
+    assert (cgd.log_dir / "later" / "0.out").read_text() == "ran\n"
+
+
+def test_wait_gives_up_at_its_timeout_and_withdraws_the_claim(cgd: Cgd) -> None:
+    ok(cgd, "allocate", "holder", "--gpus", "8")
+    done = cgd.cgctl("allocate", "hopeful", "--gpus", "1", "--wait", "0.3s", "--", "true")
+    assert done.returncode == 1 and "not placed within 0.3s; its claim is withdrawn" in done.stderr, done
+    assert cgd.cgctl("wait", "hopeful").returncode == 1  # no such component any more
+
+
+def test_a_worker_started_from_a_venv_runs_the_venvs_python(cgd: Cgd, tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    env = {"PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(venv), "MY_SETTING": "on"}
+    ok(cgd, "allocate", "venv-job", "--gpus", "1", "--", "python", "-c",
+       "import os, sys; print(sys.prefix); print(os.environ.get('MY_SETTING'))", env=env)
+    ok(cgd, "wait", "venv-job")
+    assert (cgd.log_dir / "venv-job" / "0.out").read_text().split("\n")[:2] == [str(venv), "None"]
+    ok(cgd, "allocate", "exported", "--gpus", "1", "--export-env", "--env", "EXTRA=1", "--", "sh", "-c",
+       "echo $MY_SETTING $EXTRA $CUDA_VISIBLE_DEVICES", env={**env, "CUDA_VISIBLE_DEVICES": "7,6"})
+    ok(cgd, "wait", "exported")
+    on, extra, devices = (cgd.log_dir / "exported" / "0.out").read_text().split()
+    assert (on, extra) == ("on", "1") and devices != "7,6"
+
+
+def test_a_command_that_cannot_start_fails_allocate(cgd: Cgd) -> None:
+    done = cgd.cgctl("allocate", "typo", "--gpus", "1", "--", "pyhton", "train.py")
+    assert done.returncode == 1 and "pyhton" in done.stderr and len(done.stderr.splitlines()) == 1, done
+    gone = cgd.cgctl("wait", "typo")
+    assert gone.returncode == 1 and "no component named 'typo'" in gone.stderr, gone
+
+
+
+def test_logs_points_at_stderr_and_shows_how_a_failed_replica_ended(cgd: Cgd) -> None:
+    ok(cgd, "allocate", "broken", "--gpus", "1", "--restart", "never", "--", "sh", "-c",
+       "echo 'ModuleNotFoundError: No module named torch' >&2; exit 1")
+    assert cgd.cgctl("wait", "broken").returncode == 1
+    done = cgd.cgctl("logs", "broken")
+    assert done.returncode == 0 and done.stdout == "", done
+    assert "nothing on stdout" in done.stderr and "--stream stderr" in done.stderr, done.stderr
+    assert "its last lines (failed):\nModuleNotFoundError: No module named torch" in done.stderr, done.stderr
+
+
+def test_release_takes_a_stop_timeout_for_a_worker_that_ignores_sigterm(cgd: Cgd) -> None:
+    stubborn = "trap '' TERM; echo ready; while :; do sleep 0.05; done"
+    ok(cgd, "allocate", "stubborn", "--gpus", "1", "--", "sh", "-c", stubborn)
+    wait_for(lambda: (cgd.log_dir / "stubborn" / "0.out").read_text() == "ready\n", "the worker up")
+    pids = cgd.worker_pids()
+    started = time.monotonic()
+    out = ok(cgd, "release", "stubborn", "--stop-timeout", "0.5s")
+    assert out.startswith("released stubborn"), out
+    assert time.monotonic() - started < 8, "the component's own 10 s grace was used, not --stop-timeout"
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    bad = cgd.cgctl("release", "--all", "--stop-timeout", "1s")
+    assert bad.returncode == 2 and "name it" in bad.stderr, bad
