@@ -136,7 +136,7 @@ claim_options = _stack(
     click.option("--mig", metavar="PROFILE", help="A MIG instance of this profile (e.g. 1g.10gb)."),
     click.option("--strategy", type=click.Choice(["binpack", "spread"]),
                  help="binpack fills used GPUs first; spread takes the emptiest."),
-    click.option("--colocate", type=click.Choice([*DOMAINS, "none"]),
+    click.option("--colocate", type=click.Choice([*DOMAINS, "machine", "none"]),
                  help="Keep one replica's devices inside one domain."),
     click.option("--exclusive", type=click.Choice(DOMAINS), help="Take a domain nobody else uses."),
     click.option("--distinct", is_flag=True, default=None, help="Each replica on its own physical GPU."),

@@ -3,7 +3,7 @@
 - `CgdClient`: blocking, one method per route of docs/api.md (what `cgctl` uses).
 - `AsyncCgdClient`: the same routes, awaitable.
 - `ComputeGroupManager`, `ComputeGroup`, `ComputeNode`,
-  `ComputeResourceProvider`, `LocalComputeResourceProvider`: seed 003's API.
+  `ComputeResourceProvider`, `LocalComputeResourceProvider`: the same API on any provider.
 
 The async names load on first use (PEP 562) so that `cgctl`, which needs only
 `CgdClient`, does not pay for importing asyncio on every start.

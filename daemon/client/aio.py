@@ -1,6 +1,6 @@
 """The async client under `ComputeGroupManager`.
 
-asyncio streams rather than tornado: a planner embedding the manager may run
+asyncio streams rather than tornado: a scheduler embedding the manager may run
 any asyncio loop, and tornado (cgd's server) would be a heavy import for a
 client that sends one small request per call. The framing is `wire`'s, the
 same as the blocking client's. Cancelling the awaiting task cancels the

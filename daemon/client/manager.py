@@ -1,4 +1,4 @@
-"""`ComputeGroupManager`: seed 003's API for planners, over any provider.
+"""`ComputeGroupManager`: the API for programs that schedule work, over any provider.
 
 The manager holds no state of its own: every call asks the provider, so two
 managers (or a manager and `cgctl`) never disagree about what is allocated.

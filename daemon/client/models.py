@@ -1,7 +1,7 @@
-"""`ComputeGroup` and `ComputeNode` of seed 003, read from cgd's documents.
+"""`ComputeGroup` and `ComputeNode`, the manager's answers, read from cgd's documents.
 
 They are snapshots: built from one answer of the daemon and never updated,
-so a planner can compare two of them, and an object in hand never changes
+so a scheduler can compare two of them, and an object in hand never changes
 under it. Each keeps the document it came from in `document` for the fields
 the seed does not name.
 """
@@ -62,7 +62,7 @@ class ComputeGroup:
 
     @property
     def resources(self) -> dict[str, Json]:
-        """Counts a planner compares, plus the devices and the claim behind them."""
+        """Counts a scheduler compares, plus the devices and the claim behind them."""
         return {
             "gpus": len(self.gpu_indices),
             "devices": self.devices,

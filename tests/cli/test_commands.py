@@ -59,6 +59,14 @@ def test_allocate_json_has_the_issue_shape(cgd: FakeCgd) -> None:
             assert {"index", "uuid", "memory_mib", "compute_pct"} <= set(device)
 
 
+def test_colocate_takes_every_domain_the_api_takes(cgd: FakeCgd) -> None:
+    cgd.on("POST", "/v1/components", component())
+    for domain in ("nvlink", "pcie", "numa", "machine", "none"):
+        assert cgctl("allocate", "web", "--gpus", "2", "--colocate", domain).exit_code == 0
+    assert [body["claim"]["colocate"] for _, _, body in cgd.sent("POST")] == [
+        "nvlink", "pcie", "numa", "machine", "none"]
+
+
 def test_allocate_explain(cgd: FakeCgd) -> None:
     cgd.on("POST", "/v1/components", component())
     assert "why: GPU 0: emptiest NVLink island" in cgctl("allocate", "web", "--gpus", "1", "--explain").stdout
