@@ -1,11 +1,12 @@
-"""Time per durable state commit, against the floor of one fsync'd write of the same bytes.
+"""Time per durable state commit, against the floor of one fsync'd append of the same journal line.
 
-A commit does more than write: it takes the lock, reads and validates the
-current file, validates the new document, writes a temporary file, keeps the
-backup, renames and fsyncs the directory. The ratio to the floor (the same
-bytes written once and fsync'd, in the same directory, interleaved with the
-commits so both see the same disk) says what that safety costs on this disk;
-the absolute times say whether the daemon can afford it per request.
+A commit does more than append: it takes the lock, checks the files are as
+it left them, finds what changed, validates the changed records and appends
+them as one checksummed line, fsync'd. The ratio to the floor (the same
+line appended once and fsync'd, in the same directory, interleaved with the
+commits so both see the same disk) says what that safety costs on this disk,
+and it should not grow with the state; every 1000th commit also writes a
+snapshot of the whole document, timed separately.
 
     python -m benchmarks.statefiles [--quick] [--dir DIR]
 """
@@ -26,6 +27,8 @@ if __package__ in (None, ""):
     # name would shadow the `statefiles` package it measures.
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+
+from msgspec.structs import replace
 
 from computegroups.daemon.model.claims import Claim, Strategy
 from computegroups.daemon.model.requests import ComponentSpec
@@ -74,39 +77,56 @@ def build_doc(groups: int) -> StateDoc:
 
 
 def measure(directory: Path, groups: int, commits: int) -> dict[str, Any]:
-    """Commits that each change one group, interleaved with floor writes of the resulting file."""
+    """Commits that each change one group, interleaved with the floor: the same journal line appended
+    and fsync'd once to another file. Then commits that each write a snapshot, as every
+    `SNAPSHOT_EVERY`-th commit does."""
     store = StateStore(directory / f"g{groups}")
     with store.transaction() as doc:
         fresh = build_doc(groups)
         doc.machine, doc.components, doc.groups, doc.workers = (
             fresh.machine, fresh.components, fresh.groups, fresh.workers)
-    floor_path = store.directory / "floor.json"
+    floor_path = store.directory / "floor.journal"
     commit_s, floor_s = [], []
     ids = list(fresh.groups)
+    line = b""
     for n in range(commits):
         start = time.perf_counter()
         with store.transaction() as doc:
-            group = doc.groups[ids[n % len(ids)]]
-            group.state = GroupState.DRAINING if group.state == GroupState.ALLOCATED else GroupState.ALLOCATED
+            _flip(doc, ids[n % len(ids)])
         commit_s.append(time.perf_counter() - start)
-        payload = store.path.read_bytes()
+        line = store.journal_path.read_bytes().rsplit(b"\n", 2)[-2] + b"\n"
         start = time.perf_counter()
-        _floor_write(floor_path, payload)
+        _floor_append(floor_path, line)
         floor_s.append(time.perf_counter() - start)
+    snapshots = StateStore(store.directory, snapshot_every=1)
+    snapshot_s = []
+    for n in range(max(3, commits // 10)):
+        start = time.perf_counter()
+        with snapshots.transaction() as doc:
+            _flip(doc, ids[n % len(ids)])
+        snapshot_s.append(time.perf_counter() - start)
     return {
         "groups": groups,
         "cpu_ms": _cpu_ms(store.load()),
         "bytes": store.path.stat().st_size,
+        "line_bytes": len(line),
         "commits": commits,
         "commit_ms": _summary(commit_s),
         "floor_ms": _summary(floor_s),
+        "snapshot_ms": _summary(snapshot_s),
         "ratio_mean": statistics.fmean(commit_s) / statistics.fmean(floor_s),
         "ratio_p50": statistics.median(commit_s) / statistics.median(floor_s),
     }
 
 
+def _flip(doc: StateDoc, gid: str) -> None:
+    group = doc.groups[gid]
+    state = GroupState.DRAINING if group.state == GroupState.ALLOCATED else GroupState.ALLOCATED
+    doc.groups[gid] = replace(group, state=state)
+
+
 def _cpu_ms(doc: StateDoc) -> float:
-    """The part of a commit that is CPU work, not I/O: encoding the document and validating what was encoded."""
+    """What a snapshot costs the CPU: encoding the whole document and validating what was encoded."""
     start = time.perf_counter()
     for _ in range(5):
         body = encode_body(doc)
@@ -126,15 +146,15 @@ def run(quick: bool = False, directory: str | os.PathLike[str] | None = None) ->
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
-    header = (f"{'groups':>6} {'bytes':>9} {'n':>4}  {'commit mean/p50/p99 ms':>24}  "
-              f"{'floor mean/p50/p99 ms':>23}  {'ratio mean':>10} {'ratio p50':>9}  {'of which cpu ms':>15}")
+    header = (f"{'groups':>6} {'snapshot':>9} {'n':>4}  {'commit mean/p50/p99 ms':>24}  "
+              f"{'append mean/p50/p99 ms':>24}  {'ratio p50':>9}  {'snapshot p50 ms':>15}")
     lines = [header]
     for r in results:
         c, f = r["commit_ms"], r["floor_ms"]
         lines.append(
             f"{r['groups']:>6} {r['bytes']:>9} {r['commits']:>4}  "
-            f"{c['mean']:>8.2f}{c['p50']:>8.2f}{c['p99']:>8.2f}  {f['mean']:>7.2f}{f['p50']:>8.2f}{f['p99']:>8.2f}  "
-            f"{r['ratio_mean']:>10.1f} {r['ratio_p50']:>9.1f}  {r['cpu_ms']:>15.2f}"
+            f"{c['mean']:>8.2f}{c['p50']:>8.2f}{c['p99']:>8.2f}  {f['mean']:>8.2f}{f['p50']:>8.2f}{f['p99']:>8.2f}  "
+            f"{r['ratio_p50']:>9.1f}  {r['snapshot_ms']['p50']:>15.2f}"
         )
     return "\n".join(lines)
 
@@ -147,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     print(format_table(run(args.quick, args.dir)))
 
 
-def _floor_write(path: Path, payload: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _floor_append(path: Path, payload: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         os.write(fd, payload)
         os.fsync(fd)

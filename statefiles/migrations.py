@@ -100,3 +100,14 @@ def _replicas_only_on_the_record(data: dict[str, Any]) -> dict[str, Any]:
             if isinstance(spec, dict):
                 spec.pop("replicas", None)
     return data
+
+
+@migration(2)
+def _journal(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 keeps changes in a journal beside the snapshot (see journal.py); the document is unchanged.
+
+    The version changes so that an older computegroups, which would read
+    the snapshot and not the journal, refuses the state instead of losing
+    every change since the snapshot.
+    """
+    return data

@@ -1,11 +1,15 @@
 """The records kept in the state file: msgspec Structs, strict on decode.
 
-They are mutable: inside a transaction the manager changes them in place
-(`doc.groups[gid].state = GroupState.DRAINING`) or with
-`msgspec.structs.replace`, and the store validates the whole document by
-decoding the very bytes it is about to write back into a `StateDoc`, so a
-wrong value is refused at commit with its JSON path instead of being
-persisted. Sequences are tuples so two records never share a list by accident.
+They are frozen values: inside a transaction the manager changes a record
+by putting a new one in its place (`doc.groups[gid] = replace(group,
+state=GroupState.DRAINING)`), never in place. So a commit finds what
+changed by identity (see journal.py) and documents share the records they
+have in common, and a document kept from before a change (to undo it) still
+says what it said. The store validates each changed record by decoding the
+very bytes it is about to write, so a wrong value is refused at commit with
+its JSON path instead of being persisted. Sequences are tuples so two
+records never share a list by accident; the maps inside a record (an
+environment, a deployment's file) are never changed in place either.
 
 The rules that span fields (unique lists, map keys that match the record's
 name, a pid only with its start time) are small functions called from
@@ -31,7 +35,7 @@ from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.enums import ComponentState, GroupState, Outcome, Role, Scope
 from computegroups.daemon.model.requests import ComponentSpec, ReservationSpec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version this code writes. Older files are migrated on load (see `migrations.py`)."""
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -52,8 +56,8 @@ class RuleBroken(ValueError):
         self.steps = steps
 
 
-class Record(msgspec.Struct, forbid_unknown_fields=True):
-    """Every record: unknown and missing keys are refused; mutable.
+class Record(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """Every record: unknown and missing keys are refused; frozen.
 
     Each subclass says `kw_only=True` itself (msgspec applies it to the
     fields a class defines), so required and defaulted fields can keep the
@@ -61,7 +65,7 @@ class Record(msgspec.Struct, forbid_unknown_fields=True):
     """
 
 
-class MachineFingerprint(Record, kw_only=True):
+class MachineFingerprint(Record, frozen=True, kw_only=True):
     """The box the state was written on: a GPU UUID missing from today's machine means its groups are lost."""
 
     hostname: str
@@ -71,7 +75,7 @@ class MachineFingerprint(Record, kw_only=True):
         _unique(self.gpu_uuids, ".gpu_uuids")
 
 
-class ComponentRecord(Record, kw_only=True):
+class ComponentRecord(Record, frozen=True, kw_only=True):
     name: str
     owner_uid: NonNegative
     owner_gid: NonNegative
@@ -95,7 +99,7 @@ class ComponentRecord(Record, kw_only=True):
     """When its last replica ended for good (`completed`, `failed`, `timeout`): the retention counts from here."""
 
 
-class DeviceRecord(Record, kw_only=True):
+class DeviceRecord(Record, frozen=True, kw_only=True):
     gpu_index: NonNegative
     gpu_uuid: str
     mig_uuid: str | None = None
@@ -104,7 +108,7 @@ class DeviceRecord(Record, kw_only=True):
     whole: bool
 
 
-class GroupRecord(Record, kw_only=True):
+class GroupRecord(Record, frozen=True, kw_only=True):
     id: str
     claim: Claim
     devices: tuple[DeviceRecord, ...]
@@ -127,7 +131,7 @@ class GroupRecord(Record, kw_only=True):
         _unique(self.users, ".users")
 
 
-class ReservationRecord(Record, kw_only=True):
+class ReservationRecord(Record, frozen=True, kw_only=True):
     name: str
     owner_uid: NonNegative
     owner_gid: NonNegative
@@ -140,7 +144,7 @@ class ReservationRecord(Record, kw_only=True):
         _unique(self.group_ids, ".group_ids")
 
 
-class WorkerRecord(Record, kw_only=True):
+class WorkerRecord(Record, frozen=True, kw_only=True):
     component: str
     replica: NonNegative
     role: Role
@@ -167,7 +171,7 @@ class WorkerRecord(Record, kw_only=True):
             raise RuleBroken("required with a pid, or a reused pid could be taken for this worker", ".create_time")
 
 
-class DeploymentRecord(Record, kw_only=True):
+class DeploymentRecord(Record, frozen=True, kw_only=True):
     name: str
     owner_uid: NonNegative
     owner_gid: NonNegative
@@ -179,8 +183,11 @@ class DeploymentRecord(Record, kw_only=True):
     source: str | None = None
 
 
-class StateDoc(Record, kw_only=True):
-    """Everything the daemon must not lose. `StateDoc()` is the empty state of a new machine."""
+class StateDoc(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Everything the daemon must not lose. `StateDoc()` is the empty state of a new machine.
+
+    Not frozen: a transaction hands over a document whose maps are its own
+    to change, and the store sets its generation."""
 
     schema_version: int = SCHEMA_VERSION
     generation: NonNegative = 0

@@ -1,22 +1,26 @@
-"""The state directory on disk: locked transactions, durable writes, a backup.
+"""The state directory on disk: locked transactions, a journal of changes, snapshots, a backup.
 
-Every commit goes: lock, read, let the caller decide, validate, write a
-temporary file in the same directory, fsync it, keep the previous file as the
-backup (a hard link, so no bytes are copied), rename the new file over the old
-one, fsync the directory. A rename is atomic, so a reader (which takes no
-lock) sees the old generation or the new one, never half a file, and a writer
-killed at any instant leaves a state that loads.
+A commit goes: lock, read (or reuse what this store last wrote, when the
+files are still exactly as it left them), let the caller decide, append one
+checksummed line holding what changed to `state.journal` (see journal.py),
+fsync it. Its cost follows the size of the change, not of the state. Every
+`snapshot_every` entries the whole document is written as a snapshot: to a
+temporary file, fsync'd, the previous snapshot kept as the backup (a hard
+link), renamed over `state.json`, the journal it holds moved aside as
+`state.journal.bak` (the backup's journal), the directory fsync'd. Loading replays the journals on the
+snapshot. A reader takes no lock: it reads the journals before the snapshot,
+so a snapshot written meanwhile only makes it skip entries it already has.
 
-A commit may leave the two fsyncs to a later `sync()` (`transaction(sync=False)`),
-so that changes committed while one fsync runs share the next (group commit).
-Until then the change is visible but not durable: nothing may act on it. The
-backup only ever becomes a file that is durable, so a power cut that tears
-the newest state file falls back to a generation at least as new as the last
-one `sync()` returned for.
+A commit may leave its fsync to a later `sync()` (`transaction(sync=False)`),
+so that changes committed while one fsync runs share the next (group
+commit). Until then the change is visible but not durable: nothing may act
+on it. A crash can only cut the journal's last, unsynced, line short; that
+line is dropped loudly and was never acknowledged.
 
 Loading never makes up an empty state: only a directory with neither the
 state file nor its backup is new. A bad state file falls back to the backup
-with a warning naming both; two bad files are a refusal.
+and the journal that followed it, with a warning naming both; two bad files
+are a refusal.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
@@ -37,6 +41,7 @@ import msgspec
 import psutil
 
 from computegroups.daemon.model.enums import GroupState
+from computegroups.statefiles import journal
 from computegroups.statefiles.errors import (
     StateCorruptError,
     StateError,
@@ -46,7 +51,7 @@ from computegroups.statefiles.errors import (
 )
 from computegroups.statefiles.fileformat import Decoded, decode, encode_body, seal
 from computegroups.statefiles.fileformat import validated as decode_validated
-from computegroups.statefiles.schema import StateDoc
+from computegroups.statefiles.schema import SCHEMA_VERSION, StateDoc
 
 log = logging.getLogger(__name__)
 
@@ -54,37 +59,66 @@ STATE_FILE = "state.json"
 BACKUP_FILE = "state.json.bak"
 LOCK_FILE = "state.lock"
 HOLDER_FILE = "state.lock.holder"
+SNAPSHOT_EVERY = 1000
+"""Journal entries between snapshots: a start replays at most this many, a snapshot costs one whole write."""
+_JOURNAL_MAX_BYTES = 64 << 20
+"""A snapshot also comes once the journal is this large (entries of big deployments)."""
 _POLL_S = 0.01
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
+
+_Stamp = tuple[tuple[int, int, int] | None, tuple[int, int] | None]
+"""What the snapshot (inode, size, mtime) and the journal (inode, size) were when this store last saw them."""
+
+
+@dataclass
+class _Snapshot:
+    """The snapshot a state was loaded from."""
+
+    doc: StateDoc
+    source: Path | None
+    """The file it came from; None for a new state."""
+    raw: bytes | None
+    rewrite: bool
+    """Write a snapshot with the next change: it came from the backup, an older schema or a hand edit."""
+    migrated_from: int | None = None
 
 
 @dataclass
 class _Loaded:
-    """What a transaction started from, so the commit knows what to keep and whether anything changed."""
+    """What a transaction started from: the store's own copy, and the one handed to the caller."""
 
+    base: StateDoc
+    """The store's document; the change is what the caller's differs from it by."""
     doc: StateDoc
-    source: Path | None
-    raw: bytes
-    rewrite: bool
-    """Write even an unchanged document: it came from the backup, an older schema or a hand edit."""
-    migrated_from: int | None = None
-    generation: int = field(init=False)
-    """As loaded: the caller may scribble on `doc.generation`, the store never trusts it."""
+    """The caller's: its maps are its own, its records (frozen) shared with `base`."""
+    snapshot: _Snapshot | None
+    """Set when this transaction read the disk; None when the store reused its own document."""
 
-    def __post_init__(self) -> None:
-        self.generation = self.doc.generation
+    @property
+    def generation(self) -> int:
+        return self.base.generation
+
+    @property
+    def rewrite(self) -> bool:
+        return self.snapshot is not None and self.snapshot.rewrite
 
 
 class StateStore:
     """The one state directory of a daemon. Only the manager opens transactions; anyone may `load()`."""
 
-    def __init__(self, directory: str | os.PathLike[str], lock_timeout: float = 10.0) -> None:
+    def __init__(self, directory: str | os.PathLike[str], lock_timeout: float = 10.0,
+                 snapshot_every: int = SNAPSHOT_EVERY) -> None:
         if lock_timeout < 0:
             raise ValueError(f"lock_timeout must be >= 0 seconds, got {lock_timeout}")
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         self.directory = Path(directory)
         self.lock_timeout = lock_timeout
+        self.snapshot_every = snapshot_every
         self.path = self.directory / STATE_FILE
         self.backup_path = self.directory / BACKUP_FILE
+        self.journal_path = self.directory / journal.JOURNAL_FILE
+        self.journal_backup_path = self.directory / journal.JOURNAL_BACKUP
         self.lock_path = self.directory / LOCK_FILE
         self._holder_path = self.directory / HOLDER_FILE
         self._file_lock = filelock.FileLock(str(self.lock_path), mode=0o600)
@@ -95,24 +129,36 @@ class StateStore:
         self._written_generation = -1
         self._poisoned: str | None = None
         """Why the store refuses every change: an fsync failed, and what the disk holds is no longer known."""
-        self._last_commit: tuple[bytes, StateDoc] | None = None
-        """The bytes this store last wrote and a private copy of their document, guarded by the thread lock.
-
-        The next transaction hands the copy over instead of parsing and
-        validating the file again, if the file still holds exactly those bytes.
-        """
+        self._current: StateDoc | None = None
+        """The document as this store last committed or read it, while `_stamp` says the files are unchanged."""
+        self._stamp: _Stamp | None = None
+        self._journal_fd: int | None = None
+        self._journal_entries = 0
+        self._journal_bytes = 0
+        self._directory_dirty = False
+        """A name changed in the directory (a journal created) that no fsync of it has covered yet."""
 
     def __repr__(self) -> str:
         return f"StateStore({str(self.directory)!r})"
 
+    def close(self) -> None:
+        """Let go of the journal's file descriptor (the next transaction opens it again)."""
+        with self._thread_lock:
+            self._close_journal()
+
     def load(self) -> StateDoc:
-        """The last committed state, without taking the lock (a rename is atomic)."""
-        return self._read(self._read_bytes(self.path)).doc
+        """The last committed state, without taking the lock."""
+        for _ in range(20):
+            try:
+                return self._read_disk(locked=False)[0]
+            except _Raced:
+                continue  # a snapshot replaced the journals while they were read: read again
+        return self._read_disk(locked=False, last_try=True)[0]
 
     def transaction(self, timeout: float | None = None, *, sync: bool = True) -> Transaction:
         """A locked read-modify-write; `timeout` (seconds) overrides the store's `lock_timeout`.
 
-        With `sync=False` the commit is written but not fsync'd: call
+        With `sync=False` the change is written but not fsync'd: call
         `sync()` before acting on it or acknowledging it.
         """
         return Transaction(self, self.lock_timeout if timeout is None else timeout, sync)
@@ -121,8 +167,8 @@ class StateStore:
         """Make every generation up to `generation` (default: the last written) durable.
 
         Safe to call from another thread while transactions commit: it
-        fsyncs whichever state file is current when it starts, which holds
-        at least `generation`. A failure poisons the store (see `_poisoned`).
+        fsyncs the journal that is current when it starts, which holds at
+        least `generation`. A failure poisons the store (see `_poisoned`).
         """
         if getattr(self._in_transaction, "open", False):
             raise StateError("sync() inside a transaction would wait for itself: call it after the block")
@@ -132,16 +178,20 @@ class StateStore:
             if self.durable_generation >= target:
                 return
             current = self._written_generation
+            directory = self._directory_dirty
+            self._directory_dirty = False
             try:
-                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = None if self._journal_fd is None else os.dup(self._journal_fd)
             except OSError as failed:
                 self._poison(failed)
         try:
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            _fsync_directory(self.directory)
+            if fd is not None:
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            if directory:
+                _fsync_directory(self.directory)
         except OSError as failed:
             with self._thread_lock:
                 self._poison(failed)
@@ -153,7 +203,7 @@ class StateStore:
         a retry could "succeed" with nothing on disk. Refuse everything until a restart reads the disk again."""
         self._poisoned = (
             f"could not make the state in {self.directory} durable: {failed.strerror} "
-            f"({failed.filename or self.path}). Changes since the last durable generation may be lost; "
+            f"({failed.filename or self.journal_path}). Changes since the last durable generation may be lost; "
             "restart cgd to read what the disk holds"
         )
         raise StateError(self._poisoned) from failed
@@ -166,31 +216,102 @@ class StateStore:
 
     def _read_locked(self) -> _Loaded:
         self._check_usable()
-        last, self._last_commit = self._last_commit, None
-        main = self._read_bytes(self.path)
-        if last is not None and main == last[0]:
-            return _Loaded(last[1], self.path, main, rewrite=False)
-        loaded = self._read(main)
-        if loaded.generation != self._written_generation:
-            self._adopt_disk(loaded)
-        return loaded
+        if self._current is not None and self._stamp == self._disk_stamp():
+            return _Loaded(self._current, journal.owned(self._current), None)
+        self._close_journal()
+        doc, snapshot, entries = self._read_disk(locked=True)
+        self._current = doc
+        self._journal_entries = entries
+        self._adopt_disk()
+        return _Loaded(doc, journal.owned(doc), snapshot)
 
-    def _adopt_disk(self, loaded: _Loaded) -> None:
-        """A state this store did not write (first read, or another process committed): make it durable
-        once, so the backup rule (only durable files become the backup) holds from here."""
-        if loaded.source is not None:
+    def _read_disk(self, locked: bool, last_try: bool = False) -> tuple[StateDoc, _Snapshot, int]:
+        """The snapshot with the journals replayed on it, and how many entries the current journal holds.
+
+        The journals are read first: a snapshot that replaces them meanwhile
+        holds everything they did.
+        """
+        journals = self._journal_inodes()
+        older = self._read_journal(self.journal_backup_path, locked=False)
+        newer = self._read_journal(self.journal_path, locked=locked)
+        snapshot = self._read(self._read_bytes(self.path))
+        if not locked and not last_try and self._journal_inodes() != journals:
+            raise _Raced  # a snapshot moved the journal aside while it was read: its entries may be in neither
+        doc = snapshot.doc
+        where = f"state in {self.directory}"
+        try:
+            journal.replay(doc, [*older, *newer], where)
+        except StateCorruptError:
+            if locked or last_try:
+                raise
+            raise _Raced from None
+        return doc, snapshot, len(newer)
+
+    def _journal_inodes(self) -> tuple[int | None, int | None]:
+        return _inode(self.journal_backup_path), _inode(self.journal_path)
+
+    def _read_journal(self, path: Path, locked: bool) -> list[journal.Entry]:
+        raw = self._read_bytes(path)
+        if raw is None:
+            return []
+        parsed = journal.parse(raw, str(path))
+        if parsed.torn is not None and locked:
+            self._cut_torn_tail(path, raw, parsed)
+        return list(parsed.entries)
+
+    def _cut_torn_tail(self, path: Path, raw: bytes, parsed: journal.Parsed) -> None:
+        """What a crash left at the end of the journal was never acknowledged: keep it aside, then cut it,
+        so the next entry follows a whole line."""
+        aside = _unused(self.directory / f"{path.name}.corrupt-{_stamp()}")
+        log.warning("journal %s ends in a damaged entry (%s), left by a crash before it was acknowledged; "
+                    "dropped (kept as %s)", path, parsed.torn, aside)
+        try:
+            _write_file(aside, raw[parsed.good_length:])
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
-                fd = os.open(loaded.source, os.O_RDONLY | os.O_CLOEXEC)
+                os.ftruncate(fd, parsed.good_length)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as failed:
+            raise StateError(f"cannot cut the damaged end of {path}: {failed.strerror}") from None
+
+    def _adopt_disk(self) -> None:
+        """A state this store did not write (first read, or another process committed): make it durable
+        once, so what it builds on is on disk."""
+        try:
+            for path in (self.path, self.journal_path):
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    continue
                 try:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+            if self.directory.exists():
                 _fsync_directory(self.directory)
-            except OSError as failed:
-                raise StateError(f"cannot make the state in {self.directory} durable: {failed.strerror}") from None
-        self._written_generation = self.durable_generation = loaded.generation
+        except OSError as failed:
+            raise StateError(f"cannot make the state in {self.directory} durable: {failed.strerror}") from None
+        assert self._current is not None
+        self._written_generation = self.durable_generation = self._current.generation
+        self._stamp = self._disk_stamp()
+        self._journal_bytes = self._stamp[1][1] if self._stamp[1] else 0
 
-    def _read(self, main: bytes | None) -> _Loaded:
+    def _disk_stamp(self) -> _Stamp:
+        try:
+            main = os.stat(self.path)
+            snapshot: tuple[int, int, int] | None = (main.st_ino, main.st_size, main.st_mtime_ns)
+        except FileNotFoundError:
+            snapshot = None
+        try:
+            log_ = os.stat(self.journal_path)
+            entries: tuple[int, int] | None = (log_.st_ino, log_.st_size)
+        except FileNotFoundError:
+            entries = None
+        return snapshot, entries
+
+    def _read(self, main: bytes | None) -> _Snapshot:
         """`main` is the state file's content, None when it does not exist."""
         if main is not None:
             try:
@@ -202,13 +323,13 @@ class StateStore:
                     log.warning("state file %s has no checksum (edited by hand?); it is rewritten with one "
                                 "on the next change", self.path)
                 rewrite = decoded.migrated_from is not None or not decoded.checksummed
-                return _Loaded(decoded.doc, self.path, main, rewrite, decoded.migrated_from)
+                return _Snapshot(decoded.doc, self.path, main, rewrite, decoded.migrated_from)
         else:
             main_problem = "missing"
         backup = self._read_bytes(self.backup_path)
         if backup is None:
             if main is None:
-                return _Loaded(StateDoc(), None, seal(0, encode_body(StateDoc())), rewrite=False)
+                return _Snapshot(StateDoc(), None, None, rewrite=False)
             raise StateCorruptError(
                 f"state file {self.path} is unusable ({main_problem}) and its backup {self.backup_path} "
                 f"is missing. {_REFUSAL_HINT}"
@@ -221,11 +342,11 @@ class StateStore:
                 f"and so is its backup {self.backup_path} ({bad}). {_REFUSAL_HINT}"
             ) from None
         log.warning(
-            "state file %s is unusable (%s); loaded its backup %s (generation %d) instead. "
-            "The next write keeps the bad file as %s.corrupt-<time> for inspection.",
+            "state file %s is unusable (%s); loaded its backup %s (generation %d) and the journal after it "
+            "instead. The next write keeps the bad file as %s.corrupt-<time> for inspection.",
             self.path, main_problem, self.backup_path, decoded.doc.generation, self.path,
         )
-        return _Loaded(decoded.doc, self.backup_path, backup, True, decoded.migrated_from)
+        return _Snapshot(decoded.doc, self.backup_path, backup, True, decoded.migrated_from)
 
     @staticmethod
     def _read_bytes(path: Path) -> bytes | None:
@@ -306,46 +427,114 @@ class StateStore:
 
     def _commit(self, loaded: _Loaded, doc: StateDoc, sync: bool) -> bool:
         generation = loaded.generation
-        body = encode_body(doc)
-        validated = decode_validated(generation, body, doc)
-        payload = seal(generation, body)
-        written = loaded.rewrite or payload != loaded.raw
-        if written:
-            payload = seal(generation + 1, body)
-            try:
-                self._write(payload, loaded, sync)
-            except OSError as failed:
-                raise StateError(
-                    f"could not commit generation {generation + 1} in {self.directory}: {failed.strerror} "
-                    f"({failed.filename}). The change is not acknowledged and nothing may act on it; the next "
-                    f"transaction finds generation {generation} or {generation + 1}."
-                ) from failed
-            validated.generation = doc.generation = generation + 1
-            self._written_generation = generation + 1
+        doc.schema_version = SCHEMA_VERSION
+        entry = journal.diff(loaded.base, doc, generation + 1)
+        if entry is None and not loaded.rewrite:
+            doc.generation = generation
+            return False
+        line = journal.encode(entry) if entry is not None else None
+        snapshot = (loaded.rewrite or self._journal_entries + 1 >= self.snapshot_every
+                    or self._journal_bytes >= _JOURNAL_MAX_BYTES)
+        payload = self._snapshot_payload(doc, generation + 1) if snapshot else None
+        try:
+            if line is not None:
+                self._append(line, sync and payload is None)
+            if payload is not None:
+                self._write_snapshot(payload, loaded.snapshot)
+        except BaseException as failed:
+            # Whatever happened, the disk holds generation N or N + 1: the next transaction reads it.
+            self._current = self._stamp = None
+            self._close_journal()
+            if not isinstance(failed, OSError):
+                raise
+            raise StateError(
+                f"could not commit generation {generation + 1} in {self.directory}: {failed.strerror} "
+                f"({failed.filename or self.journal_path}). The change is not acknowledged and nothing may act "
+                f"on it; the next transaction finds generation {generation} or {generation + 1}."
+            ) from failed
+        doc.generation = generation + 1
+        if entry is not None:
+            journal.apply(loaded.base, entry)
+        else:
+            loaded.base = journal.owned(doc)
+        self._current = loaded.base
+        self._written_generation = generation + 1
+        if payload is not None or sync:
+            self.durable_generation = generation + 1
+        return True
+
+    def _append(self, line: bytes, sync: bool) -> None:
+        """One entry at the end of the journal; on failure the journal is cut back to where it was,
+        so no later entry follows half a line."""
+        fd = self._journal()
+        before = self._journal_bytes
+        try:
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
             if sync:
-                self.durable_generation = generation + 1
-        if loaded.source is not None or written:
-            self._last_commit = (payload, validated)
-        return written
+                os.fsync(fd)
+                if self._directory_dirty:
+                    _fsync_directory(self.directory)
+                    self._directory_dirty = False
+        except OSError:
+            try:
+                os.ftruncate(fd, before)
+            except OSError as failed:
+                self._poison(failed)
+            raise
+        self._journal_bytes = before + len(line)
+        self._journal_entries += 1
+        assert self._stamp is not None
+        self._stamp = (self._stamp[0], (os.fstat(fd).st_ino, self._journal_bytes))
 
-    def _write(self, payload: bytes, loaded: _Loaded, sync: bool) -> None:
+    def _journal(self) -> int:
+        if self._journal_fd is None:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+            try:
+                self._journal_fd = os.open(self.journal_path, flags)
+            except FileNotFoundError:
+                self._journal_fd = os.open(self.journal_path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                self._directory_dirty = True
+            self._journal_bytes = os.fstat(self._journal_fd).st_size
+        return self._journal_fd
+
+    def _close_journal(self) -> None:
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+
+    def _snapshot_payload(self, doc: StateDoc, generation: int) -> bytes:
+        body = encode_body(doc)
+        decode_validated(generation, body, doc)
+        return seal(generation, body)
+
+    def _write_snapshot(self, payload: bytes, read: _Snapshot | None) -> None:
+        """The whole document as the new `state.json`. The order keeps, at every instant, the backup and
+        the journals after it holding every entry since the backup, and the journals holding every entry
+        since the snapshot: the journal is moved aside only once the snapshot that holds it has its name."""
         staging = self.directory / (STATE_FILE + ".tmp")
-        _write_file(staging, payload, sync)
-        if loaded.source == self.path:
-            if self.durable_generation >= loaded.generation:
-                self._keep_backup(loaded.raw)
-        elif loaded.source == self.backup_path and self.path.exists():
+        _write_file(staging, payload)
+        source = self.path if read is None else read.source
+        if source == self.path and self.path.exists():
+            self._keep_backup()
+        elif source == self.backup_path and self.path.exists():
             os.replace(self.path, _unused(self.directory / f"{STATE_FILE}.corrupt-{_stamp()}"))
-        if loaded.migrated_from is not None:
-            old = self.directory / f"{STATE_FILE}.v{loaded.migrated_from}"
+        if read is not None and read.migrated_from is not None and read.raw is not None:
+            old = self.directory / f"{STATE_FILE}.v{read.migrated_from}"
             if not old.exists():
-                _write_file(old, loaded.raw)
+                _write_file(old, read.raw)
         os.replace(staging, self.path)
-        if sync:
-            _fsync_directory(self.directory)
+        self._close_journal()
+        if self.journal_path.exists():
+            os.replace(self.journal_path, self.journal_backup_path)
+        _fsync_directory(self.directory)
+        self._directory_dirty = False
+        self._journal_entries = self._journal_bytes = 0
+        self._stamp = self._disk_stamp()
 
-    def _keep_backup(self, previous: bytes) -> None:
-        """The state file about to be replaced becomes the backup; it is never written in place, so a link is a copy."""
+    def _keep_backup(self) -> None:
+        """The snapshot about to be replaced becomes the backup; it is never written in place, so a link is a copy."""
         staging = self.directory / (BACKUP_FILE + ".tmp")
         staging.unlink(missing_ok=True)
         try:
@@ -353,21 +542,28 @@ class StateStore:
         except OSError as failed:
             if failed.errno not in _NO_HARD_LINKS:
                 raise
-            _write_file(staging, previous)
+            _write_file(staging, self.path.read_bytes())
         os.replace(staging, self.backup_path)
+
+
+class _Raced(Exception):
+    """A reader without the lock saw journals from two different snapshots."""
 
 
 class Transaction:
     """One locked read-modify-write of the state.
 
     `with store.transaction() as doc:` takes the lock, loads the state and
-    hands over the document to change in place; `txn.doc = other` replaces it
-    whole. On a normal exit the document is validated, its generation bumped
-    and the file written durably before the `with` statement ends, so whatever
-    the caller does next (spawning a process) never runs ahead of the disk;
-    with `sync=False` it is written before the block ends and made durable by
-    the store's `sync()`, which must come before anything acts on it.
-    An exception inside the block writes nothing. A document that did not
+    hands over the document to change: its maps (`doc.groups`, ...) are the
+    transaction's own; its records are frozen values, changed by putting a
+    new one in their place (`doc.groups[gid] = replace(group, state=...)`).
+    `txn.doc = other` replaces the document whole. On a normal exit what
+    changed is validated, the generation bumped and the change written
+    durably before the `with` statement ends, so whatever the caller does
+    next (spawning a process) never runs ahead of the disk; with
+    `sync=False` it is written before the block ends and made durable by
+    the store's `sync()`, which must come before anything acts on it. An
+    exception inside the block writes nothing. A document that did not
     change is not written and keeps its generation (see `written`). The
     caller never sets `generation` or `schema_version`: the store does.
     """
@@ -493,6 +689,13 @@ def _fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _stamp() -> str:

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
+from computegroups.statefiles import StateStore
+
 T = TypeVar("T")
 
 
@@ -77,6 +81,17 @@ class Cgd:
     @property
     def state_dir(self) -> Path:
         return self.root / "state"
+
+    def state(self) -> dict[str, Any]:
+        """The state as cgd would load it (the snapshot with the journal replayed), as plain JSON data."""
+        return msgspec.to_builtins(StateStore(self.state_dir).load())
+
+    def write_state(self, data: dict[str, Any]) -> None:
+        """Put `data` in place of the state, as a hand edit would: a snapshot without checksum, no journal."""
+        for name in ("state.journal", "state.journal.bak"):
+            (self.state_dir / name).unlink(missing_ok=True)
+        data = {key: value for key, value in data.items() if key != "checksum"}
+        (self.state_dir / "state.json").write_text(json.dumps(data, indent=2))
 
     @property
     def log_dir(self) -> Path:

@@ -141,9 +141,10 @@ class StateKeeper:
             self._freed = self._freed or gid in basis
             basis.pop(gid, None)
         for gid, g in groups.items():
-            if basis.get(gid) != g:
+            was = basis.get(gid)
+            if was is not g and was != g:  # records are frozen: most are the very objects followed before
                 changes[gid] = self._holding(g)
-                basis[gid] = replace(g, devices=tuple(replace(d) for d in g.devices))
+                basis[gid] = g
         self.allocator.update(changes)
         unavailable = self.unavailable_gpus(doc)
         self._freed = self._freed or bool(self._unavailable - unavailable)

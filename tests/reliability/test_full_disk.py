@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from computegroups.statefiles import StateStore
 from tests.daemon_fixture import Cgd
 
 
@@ -44,20 +44,23 @@ def fill(directory: Path) -> Path:
 def test_no_space_is_507_changes_nothing_and_cgd_recovers(start_cgd: Callable[..., Cgd], small_disk: Path) -> None:
     cgd = start_cgd("dgx-h100", "--state-dir", str(small_disk / "state"))
     assert cgd.request("POST", "/v1/components", {"name": "a", "claim": {"gpus": 1}})[0] == 201
-    state = small_disk / "state" / "state.json"
-    before = state.read_bytes()
+    store = StateStore(small_disk / "state")
+    before = store.load()
+    assert set(before.components) == {"a"}
     filler = fill(small_disk)
+    # Larger than what is left of the journal's last block, which a small change could still use.
+    big = {"name": "b", "claim": {"gpus": 1}, "env": {"PAYLOAD": "x" * 65536}}
 
-    status, reply = cgd.request("POST", "/v1/components", {"name": "b", "claim": {"gpus": 1}})
+    status, reply = cgd.request("POST", "/v1/components", big)
     assert status == 507, reply
     assert reply["error"]["code"] == "insufficient_storage"
     assert "No space left on device" in reply["error"]["message"]
-    assert state.read_bytes() == before
+    assert store.load() == before
     assert [c["name"] for c in cgd.request("GET", "/v1/components")[1]["components"]] == ["a"]
-    done = cgd.cgctl("allocate", "c", "--gpus", "1")
+    done = cgd.cgctl("allocate", "c", "--gpus", "1", "--env", "PAYLOAD=" + "x" * 65536)
     assert done.returncode == 1 and "No space left on device" in done.stderr, done
 
     filler.unlink()
     status, reply = cgd.request("POST", "/v1/components", {"name": "b", "claim": {"gpus": 1}})
     assert status == 201, reply
-    assert set(json.loads(state.read_text())["components"]) == {"a", "b"}
+    assert set(store.load().components) == {"a", "b"}

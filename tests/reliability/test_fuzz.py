@@ -169,8 +169,8 @@ def broken_http(rng: random.Random) -> bytes:
     return head + body
 
 
-def state_bytes(cgd: Cgd) -> bytes:
-    return (cgd.state_dir / "state.json").read_bytes()
+def state_bytes(cgd: Cgd) -> dict:
+    return cgd.state()
 
 
 def fixtures(cgd: Cgd) -> None:

@@ -160,7 +160,7 @@ def test_second_user_cannot_touch_anothers_component(shared_cgd: Cgd, second_use
                                                            "replicas": 1, "env": {"SECRET": "s3cret"}})
     assert status == 201, reply
     wait_for_pid(cgd, "roots")
-    before = (cgd.state_dir / "state.json").read_bytes()
+    before = cgd.state()
     refused = {
         "release": ("DELETE", "/v1/components/roots", None),
         "scale": ("POST", "/v1/components/roots/scale", {"replicas": 2}),
@@ -175,7 +175,7 @@ def test_second_user_cannot_touch_anothers_component(shared_cgd: Cgd, second_use
         status, reply = second_user.request(cgd, method, path, body)
         assert status == 403 and reply["error"]["code"] == "forbidden", (what, status, reply)
         assert "s3cret" not in json.dumps(reply), what
-    assert (cgd.state_dir / "state.json").read_bytes() == before, "a refused request changed the state"
+    assert cgd.state() == before, "a refused request changed the state"
     assert cgd.request("GET", "/v1/components/roots")[1]["replicas_wanted"] == 1
 
 

@@ -1,6 +1,7 @@
 """A separate process that uses the state store the way cgd would, for the multi-process tests.
 
     python child.py write DIR           commit generation after generation, printing each one acknowledged
+                                        (a snapshot every 7 commits)
     python child.py increment DIR N     after a "go" line on stdin, add 1 to a shared counter N times
     python child.py hold DIR            open a transaction, print "locked", commit when stdin closes
 
@@ -25,6 +26,7 @@ from computegroups.statefiles import (
     StateDoc,
     StateStore,
 )
+from computegroups.statefiles.store import SNAPSHOT_EVERY
 
 GPUS = tuple(f"GPU-{n:04d}" for n in range(8))
 
@@ -70,7 +72,8 @@ def increment(store: StateStore, times: int) -> None:
                     name="counter", owner_uid=0, owner_gid=0, replicas=0, state=ComponentState.ALLOCATED,
                     spec=ComponentSpec(env={"COUNT": "0"}),
                 )
-            counter.spec = replace(counter.spec, env={"COUNT": str(int(counter.spec.env["COUNT"]) + 1)})
+            doc.components["counter"] = replace(
+                counter, spec=replace(counter.spec, env={"COUNT": str(int(counter.spec.env["COUNT"]) + 1)}))
 
 
 def hold(store: StateStore) -> None:
@@ -82,7 +85,8 @@ def hold(store: StateStore) -> None:
 
 def main(argv: list[str]) -> None:
     mode, directory, *rest = argv
-    store = StateStore(directory, lock_timeout=30.0)
+    # Writes snapshot every few entries, so kills land in appends, snapshots and journal rotations alike.
+    store = StateStore(directory, lock_timeout=30.0, snapshot_every=7 if mode == "write" else SNAPSHOT_EVERY)
     if mode == "write":
         write_forever(store)
     elif mode == "increment":

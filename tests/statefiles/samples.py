@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any, TypeVar
+
+import msgspec
+
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
 from computegroups.daemon.model.requests import ComponentSpec, ReservationSpec
@@ -18,6 +23,21 @@ from computegroups.statefiles import (
 )
 
 UUIDS = ("GPU-aaaa", "GPU-bbbb", "GPU-cccc", "GPU-dddd")
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+def broken(records: dict[str, R], key: str, **fields: Any) -> None:
+    """Put a copy of `records[key]` with `fields` set past its rules, as a bug in the manager would."""
+    bad = copy.copy(records[key])
+    for name, value in fields.items():
+        msgspec.structs.force_setattr(bad, name, value)
+    records[key] = bad
+
+
+def edit(records: dict[str, R], key: str, **fields: Any) -> R:
+    """Put a changed copy of `records[key]` in its place, as the manager changes a frozen record."""
+    records[key] = new = msgspec.structs.replace(records[key], **fields)
+    return new
 
 
 def populated_doc() -> StateDoc:

@@ -12,15 +12,16 @@ import pytest
 
 from computegroups.daemon.model.enums import GroupState
 from computegroups.statefiles import SCHEMA_VERSION, StateCorruptError, StateDoc, StateStore, StateVersionError
-from tests.statefiles.samples import commit, populated_doc
+from tests.statefiles.samples import commit, edit, populated_doc
 
 
 @pytest.fixture
 def two_generations(store: StateStore) -> StateStore:
-    """Generation 1 in the backup, generation 2 (with web-1 drained) in the state file."""
+    """Generation 1 (web-1 draining) in the backup, generation 2 (web-1 allocated) in the state file
+    and in the journal that followed the backup."""
     commit(store, populated_doc())
     with store.transaction() as doc:
-        doc.groups["web-1"].state = GroupState.ALLOCATED
+        edit(doc.groups, "web-1", state=GroupState.ALLOCATED)
     return store
 
 
@@ -85,8 +86,8 @@ def test_a_bad_state_file_falls_back_to_the_backup_loudly(
     store.path.write_bytes(spoil(store.path.read_bytes()))
     with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
         doc = store.load()
-    assert doc.generation == 1
-    assert doc.groups["web-1"].state == "draining"
+    assert doc.generation == 2, "the backup and the journal after it hold every change"
+    assert doc.groups["web-1"].state == "allocated"
     [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
     message = warning.getMessage()
     assert str(store.path) in message and str(store.backup_path) in message
@@ -100,7 +101,7 @@ def test_writing_after_a_fallback_keeps_the_bad_file_and_the_good_backup(
     backup = store.backup_path.read_bytes()
     with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"), store.transaction() as doc:
         doc.drained = ()
-    assert store.load().generation == 2
+    assert store.load().generation == 3
     assert store.backup_path.read_bytes() == backup
     [kept] = store.directory.glob("state.json.corrupt-*")
     assert kept.read_bytes() == b"{ not json"
@@ -111,7 +112,7 @@ def test_a_missing_state_file_with_a_backup_uses_the_backup(
     store = two_generations
     store.path.unlink()
     with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
-        assert store.load().generation == 1
+        assert store.load().generation == 2
     assert "missing" in caplog.text and str(store.backup_path) in caplog.text
 
 
@@ -218,6 +219,6 @@ def test_a_file_cut_anywhere_falls_back_to_the_backup(two_generations: StateStor
     for cut in cuts:
         store.path.write_bytes(whole[:cut])
         with caplog.at_level(logging.WARNING, logger="computegroups.statefiles"):
-            assert store.load().generation == 1, f"cut at byte {cut}"
+            assert store.load().generation == 2, f"cut at byte {cut}"
     store.path.write_bytes(whole[:-1])
     assert store.load().generation == 2, "only the final newline lost: nothing is missing"

@@ -24,7 +24,7 @@ from computegroups.statefiles import (
 from computegroups.statefiles.fileformat import encode_body, validated
 from computegroups.statefiles.migrations import MIGRATIONS, migrate, migration
 from computegroups.topology.model import DomainKind
-from tests.statefiles.samples import UUIDS, populated_doc
+from tests.statefiles.samples import UUIDS, edit, populated_doc
 
 
 def version_0() -> dict[str, Any]:
@@ -156,11 +156,11 @@ def test_a_state_written_by_release_0_1_0_loads_and_commits_again(store: StateSt
     assert all("replicas" not in c["spec"] for c in rewritten["components"].values())
 
     with (txn := store.transaction()) as changed:
-        changed.groups["web-0"].state = GroupState.DRAINING
+        edit(changed.groups, "web-0", state=GroupState.DRAINING)
     assert txn.written and txn.generation == 16
     reloaded = store.load()
     assert reloaded.groups["web-0"].state is GroupState.DRAINING
-    reloaded.groups["web-0"].state = GroupState.ALLOCATED
+    edit(reloaded.groups, "web-0", state=GroupState.ALLOCATED)
     reloaded.generation = doc.generation
     assert reloaded == doc
 

@@ -25,7 +25,7 @@ from computegroups.statefiles import (
     StateLockedError,
     StateStore,
 )
-from tests.statefiles.samples import commit, populated_doc
+from tests.statefiles.samples import broken, commit, edit, populated_doc
 
 
 def test_a_new_directory_is_an_empty_state_and_is_not_created_by_reading(store: StateStore) -> None:
@@ -44,8 +44,9 @@ def test_a_commit_bumps_the_generation_and_loads_back(store: StateStore) -> None
 def test_changes_in_place_are_committed(store: StateStore) -> None:
     commit(store, populated_doc())
     with (txn := store.transaction()) as doc:
-        doc.groups["web-0"].state = GroupState.DRAINING
-        doc.components["web"].spec.env["B"] = "2"
+        edit(doc.groups, "web-0", state=GroupState.DRAINING)
+        web = doc.components["web"]
+        edit(doc.components, "web", spec=replace(web.spec, env={**web.spec.env, "B": "2"}))
         doc.drained = ()
     assert txn.written and txn.generation == 2 and doc.generation == 2
     assert txn.committed is doc
@@ -87,7 +88,8 @@ def test_an_invalid_document_is_refused_at_commit_and_nothing_is_written(store: 
     before = store.path.read_bytes()
     refused = pytest.raises(StateFormatError, match=r'^groups\["web-0"\]\.devices\[0\]\.memory_mib: expected int')
     with refused, store.transaction() as doc:
-        doc.groups["web-0"].devices[0].memory_mib = 1.5  # type: ignore[assignment]
+        group = doc.groups["web-0"]
+        edit(doc.groups, "web-0", devices=(replace(group.devices[0], memory_mib=1.5), *group.devices[1:]))
     assert store.path.read_bytes() == before
     with store.transaction() as doc:
         assert doc.groups["web-0"].devices[0].memory_mib == 81559
@@ -103,25 +105,25 @@ def _deeply_nested() -> Any:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda doc: doc.deployments["site"].spec.update(weight=float("inf")),
+        (lambda doc: edit(doc.deployments, "site", spec={**doc.deployments["site"].spec, "weight": float("inf")}),
          'deployments["site"].spec["weight"]: expected a finite number, got inf'),
-        (lambda doc: doc.deployments["site"].spec.update({"env": {"A": {1, 2}}}),
+        (lambda doc: edit(doc.deployments, "site", spec={**doc.deployments["site"].spec, "env": {"A": {1, 2}}}),
          'deployments["site"].spec["env"]["A"]: expected a JSON value, got set'),
-        (lambda doc: doc.deployments["site"].spec.update({"ttl": [0.5, float("nan")]}),
+        (lambda doc: edit(doc.deployments, "site", spec={**doc.deployments["site"].spec, "ttl": [0.5, float("nan")]}),
          'deployments["site"].spec["ttl"][1]: expected a finite number, got nan'),
-        (lambda doc: doc.deployments["site"].spec.update({1: "one"}),
+        (lambda doc: edit(doc.deployments, "site", spec={**doc.deployments["site"].spec, 1: "one"}),
          'deployments["site"].spec: object keys must be strings, got int 1'),
-        (lambda doc: doc.deployments["site"].spec.update(deep=_deeply_nested()),
+        (lambda doc: edit(doc.deployments, "site", spec={**doc.deployments["site"].spec, "deep": _deeply_nested()}),
          'deployments["site"].spec: nested too deeply'),
-        (lambda doc: doc.components["web"].spec.env.update(B=7),
+        (lambda doc: edit(doc.components, "web", spec=replace(doc.components["web"].spec, env={"B": 7})),
          'components["web"].spec.env["B"]: expected string, got int'),
-        (lambda doc: setattr(doc.groups["web-0"], "claim", Claim(gpus=0)),
+        (lambda doc: broken(doc.groups, "web-0", claim=Claim(gpus=0)),
          'groups["web-0"].claim.gpus: must be'),
-        (lambda doc: setattr(doc.groups["web-0"], "explanation", object()),
+        (lambda doc: edit(doc.groups, "web-0", explanation=object()),
          'groups["web-0"]: not a JSON value'),
-        (lambda doc: setattr(doc.groups["web-0"], "state", "released"),
+        (lambda doc: edit(doc.groups, "web-0", state="released"),
          'groups["web-0"].state: must be one of reserved, allocated, draining, degraded, lost, got \'released\''),
-        (lambda doc: setattr(doc.workers["web/0"], "create_time", None),
+        (lambda doc: broken(doc.workers, "web/0", create_time=None),
          'workers["web/0"].create_time: required with a pid'),
         (lambda doc: doc.groups.update({"web-9": doc.groups["web-0"]}),
          'groups["web-9"]: id must match the key \'web-9\', got \'web-0\''),
@@ -141,10 +143,10 @@ def test_what_json_cannot_hold_and_broken_rules_are_refused_at_commit(
 
 def test_a_committed_document_is_not_shared_with_the_next_transaction(store: StateStore) -> None:
     committed = commit(store, populated_doc())
-    committed.components["web"].spec.env["A"] = "changed after the commit"
-    committed.groups["web-0"].users = ()
+    committed.components.pop("web")
+    committed.groups["web-0"] = replace(committed.groups["web-0"], users=())
     with store.transaction() as doc:
-        assert doc.components["web"].spec.env["A"] == "1"
+        assert doc.components["web"].spec.env == {"A": "1"}
         assert doc.groups["web-0"].users == ("web/0", "standby/0")
 
 
@@ -208,7 +210,7 @@ def test_the_previous_generation_is_kept_as_the_backup(store: StateStore) -> Non
     assert store.backup_path.read_bytes() == first
     assert StateStore(store.directory).load().generation == 2
     assert sorted(p.name for p in store.directory.iterdir()) == [
-        "state.json", "state.json.bak", "state.lock", "state.lock.holder"]
+        "state.journal.bak", "state.json", "state.json.bak", "state.lock", "state.lock.holder"]
 
 
 def test_the_backup_is_copied_where_hard_links_are_refused(store: StateStore,
@@ -226,9 +228,7 @@ def test_the_backup_is_copied_where_hard_links_are_refused(store: StateStore,
     assert store.path.stat().st_ino != store.backup_path.stat().st_ino
 
 
-def test_a_commit_fsyncs_the_file_before_the_rename_and_the_directory_after(
-        store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    commit(store, populated_doc())
+def _record_file_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
 
@@ -247,6 +247,13 @@ def test_a_commit_fsyncs_the_file_before_the_rename_and_the_directory_after(
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(os, "link", link)
+    return calls
+
+
+def test_a_snapshot_fsyncs_the_file_before_the_renames_and_the_directory_after(
+        store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    commit(store, populated_doc())
+    calls = _record_file_calls(monkeypatch)
     with store.transaction() as doc:
         doc.drained = ()
     assert calls == [
@@ -254,15 +261,27 @@ def test_a_commit_fsyncs_the_file_before_the_rename_and_the_directory_after(
         "link state.json -> state.json.bak.tmp",
         "rename state.json.bak.tmp -> state.json.bak",
         "rename state.json.tmp -> state.json",
+        "rename state.journal -> state.journal.bak",
         "fsync dir",
     ]
+
+
+def test_a_journaled_commit_is_one_append_and_one_fsync(
+        journaled: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    commit(journaled, populated_doc())
+    calls = _record_file_calls(monkeypatch)
+    for _ in range(3):
+        with journaled.transaction() as doc:
+            doc.drained = () if doc.drained else ("GPU-aaaa",)
+    assert calls == ["fsync file"] * 3
+    assert StateStore(journaled.directory).load().generation == 4
 
 
 class _Crash(BaseException):
     """Stands for the process dying at one step of a commit."""
 
 
-@pytest.mark.parametrize("step", range(6))
+@pytest.mark.parametrize("step", range(8))
 def test_a_commit_cut_short_at_any_step_leaves_the_old_or_the_new_generation(
         store: StateStore, monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     commit(store, populated_doc())
@@ -331,7 +350,8 @@ def test_threads_lose_no_update(tmp_path: Path, shared: bool) -> None:
                 counter = doc.components.setdefault("counter", ComponentRecord(
                     name="counter", owner_uid=0, owner_gid=0, replicas=0, state=ComponentState.ALLOCATED,
                     spec=ComponentSpec(env={"N": "0"})))
-                counter.spec = replace(counter.spec, env={"N": str(int(counter.spec.env["N"]) + 1)})
+                doc.components["counter"] = replace(
+                    counter, spec=replace(counter.spec, env={"N": str(int(counter.spec.env["N"]) + 1)}))
 
     workers = [threading.Thread(target=work) for _ in range(threads)]
     for worker in workers:
@@ -350,7 +370,7 @@ def test_a_negative_lock_timeout_is_refused(tmp_path: Path) -> None:
 
 def test_the_next_transaction_sees_exactly_what_a_reload_sees(store: StateStore) -> None:
     doc = populated_doc()
-    doc.deployments["site"].spec = {"z": 1, "a": [1, {"y": 2, "b": 3}]}
+    edit(doc.deployments, "site", spec={"z": 1, "a": [1, {"y": 2, "b": 3}]})
     commit(store, doc)
     reloaded = StateStore(store.directory).load()
     with store.transaction() as following:
@@ -362,19 +382,20 @@ def test_the_next_transaction_sees_exactly_what_a_reload_sees(store: StateStore)
 def test_a_write_by_another_store_is_seen_by_the_next_transaction(store: StateStore) -> None:
     commit(store, populated_doc())
     with StateStore(store.directory).transaction() as doc:
-        doc.groups["web-1"].state = GroupState.ALLOCATED
+        edit(doc.groups, "web-1", state=GroupState.ALLOCATED)
     with store.transaction() as doc:
         assert doc.generation == 2
         assert doc.groups["web-1"].state == "allocated"
 
 
-def test_a_failed_write_is_a_state_error_and_is_not_acknowledged(store: StateStore,
+def test_a_failed_write_is_a_state_error_and_is_not_acknowledged(journaled: StateStore,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    store = journaled
     commit(store, populated_doc())
     real_fsync = os.fsync
 
     def full_disk(fd: int) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(store.directory / "state.json.tmp"))
+        raise OSError(errno.ENOSPC, "No space left on device", str(store.journal_path))
 
     monkeypatch.setattr(os, "fsync", full_disk)
     txn = store.transaction()
@@ -382,9 +403,31 @@ def test_a_failed_write_is_a_state_error_and_is_not_acknowledged(store: StateSto
         doc.drained = ()
     assert txn.committed is None and not txn.written
     monkeypatch.setattr(os, "fsync", real_fsync)
-    assert store.load().generation == 1
+    assert store.load().generation == 1, "the journal is cut back to the last acknowledged entry"
     with store.transaction() as doc:
         assert doc.drained == ("GPU-cccc",)
+        doc.drained = ("GPU-aaaa",)
+    assert StateStore(store.directory).load().drained == ("GPU-aaaa",)
+
+
+def test_a_failed_snapshot_leaves_one_generation_or_the_next(store: StateStore,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    commit(store, populated_doc())
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(store.directory / "state.json.tmp"))
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(StateError, match=r"finds generation 1 or 2"), store.transaction() as doc:
+        doc.drained = ()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    found = store.load()
+    assert (found.generation, found.drained) in [(1, ("GPU-cccc",)), (2, ())]
+    with store.transaction() as doc:
+        doc.drained = ("GPU-aaaa",)
+    again = StateStore(store.directory).load()
+    assert (again.generation, again.drained) == (found.generation + 1, ("GPU-aaaa",))
 
 
 def test_a_state_directory_that_cannot_be_created_is_a_state_error(tmp_path: Path) -> None:

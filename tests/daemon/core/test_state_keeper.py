@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 
 from computegroups.daemon.core.consistency import StateContradiction
@@ -22,14 +23,14 @@ from computegroups.statefiles.store import StateStore
 from computegroups.topology import load_machine
 
 ROOT = Caller(pid=1, uid=0, gid=0)
-R = TypeVar("R")
+R = TypeVar("R", bound=msgspec.Struct)
 
 
 def changed(record: R, **fields: Any) -> R:
     """A copy of a state record with some fields changed, as a hand edit of the file would."""
     new = copy.copy(record)
     for name, value in fields.items():
-        setattr(new, name, value)
+        msgspec.structs.force_setattr(new, name, value)
     return new
 
 
@@ -85,9 +86,9 @@ def test_a_state_that_holds_a_gpu_twice_is_refused_with_the_groups_named(tmp_pat
     allocate(k, "a", Claim(gpus=1, gpu_ids=(3,)))
     allocate(k, "b", Claim(memory_mib=1024, gpu_ids=(4,)))
     with k.store.transaction() as doc:
-        doc.groups["b-0"].devices = tuple(
+        doc.groups["b-0"] = changed(doc.groups["b-0"], devices=tuple(
             changed(d, gpu_index=3, gpu_uuid=doc.groups["a-0"].devices[0].gpu_uuid)
-            for d in doc.groups["b-0"].devices)
+            for d in doc.groups["b-0"].devices))
     with pytest.raises(StateContradiction, match=r"GPU 3 is held whole by group a-0 and also by group b-0"):
         keeper(tmp_path)
 
@@ -97,7 +98,8 @@ def test_shares_past_a_gpus_memory_are_refused(tmp_path: Path) -> None:
     allocate(k, "a", Claim(memory_mib=40000, gpu_ids=(2,)))
     allocate(k, "b", Claim(memory_mib=40000, gpu_ids=(2,)))
     with k.store.transaction() as doc:
-        doc.groups["b-0"].devices = tuple(changed(d, memory_mib=60000) for d in doc.groups["b-0"].devices)
+        doc.groups["b-0"] = changed(doc.groups["b-0"], devices=tuple(
+                changed(d, memory_mib=60000) for d in doc.groups["b-0"].devices))
     with pytest.raises(StateContradiction, match=r"GPU 2 has 81559 MiB but groups a-0, b-0 hold 100000 MiB"):
         keeper(tmp_path)
 
@@ -108,8 +110,8 @@ def test_groups_on_a_gpu_that_is_gone_are_no_contradiction(tmp_path: Path) -> No
     allocate(k, "b", Claim(gpus=1, gpu_ids=(4,)))
     with k.store.transaction() as doc:
         gone = tuple(changed(d, gpu_uuid="GPU-gone") for d in doc.groups["a-0"].devices)
-        doc.groups["a-0"].devices = gone
-        doc.groups["b-0"].devices = gone
+        doc.groups["a-0"] = changed(doc.groups["a-0"], devices=gone)
+        doc.groups["b-0"] = changed(doc.groups["b-0"], devices=gone)
     keeper(tmp_path)
 
 
@@ -130,18 +132,19 @@ def test_a_replica_budget_on_a_gpu_is_the_sum_of_its_shares_there_everywhere(tmp
     assert [(d["index"], d["memory_mib"]) for d in view["replicas"][0]["devices"]] == [(1, 3072)]
 
 
-def test_a_record_changed_in_place_is_seen_by_the_next_placement(tmp_path: Path) -> None:
-    """The ledger derives again only the groups that differ from what it followed, in place or replaced."""
+def test_a_replaced_record_is_seen_by_the_next_placement(tmp_path: Path) -> None:
+    """The ledger derives again only the groups that differ from what it followed."""
     k = keeper(tmp_path)
     (db,) = allocate(k, "db", Claim(memory_mib=1024, gpu_ids=(1,)))
     allocate(k, "side", Claim(memory_mib=1024, gpu_ids=(2,)))
     with k.transaction() as doc:
-        doc.groups["db-0"].users = ("db/0", "side/0")
+        doc.groups["db-0"] = changed(doc.groups["db-0"], users=("db/0", "side/0"))
     with pytest.raises(InsufficientCapacity, match="side"), k.transaction() as doc:
         new_component_records(doc, k, ComponentRequest(
             name="far", claim=Claim(memory_mib=1024, gpu_ids=(db,), anti_affinity=(AffinityTerm("side"),))), ROOT)
     with k.transaction() as doc:
-        doc.groups["db-0"].devices[0].memory_mib = 81559
+        group = doc.groups["db-0"]
+        doc.groups["db-0"] = changed(group, devices=(changed(group.devices[0], memory_mib=81559),))
     with pytest.raises(InsufficientCapacity), k.transaction() as doc:
         new_component_records(doc, k, ComponentRequest(name="more", claim=Claim(memory_mib=1024, gpu_ids=(db,))), ROOT)
 

@@ -152,10 +152,10 @@ def test_grove_hierarchical_resource_sharing(cgd: Cgd, tmp_path: Path) -> None:
         for ref in set(before) - set(pids):
             assert not live([before[ref]]), f"{ref} was stopped"
 
-    state = (cgd.state_dir / "state.json").read_text()
+    state = cgd.state()
     refused = cgd.cgctl("scale", "rs/sga", "--replicas", "300")
     assert refused.returncode == 1 and "cgctl: error: needs" in refused.stderr, refused.stderr
-    assert (cgd.state_dir / "state.json").read_text() == state, "a claim that does not fit changes nothing"
+    assert cgd.state() == state, "a claim that does not fit changes nothing"
     changed = deployment.read_text().replace(
         '{ claim = "rank", scope = "per-replica" }', '{ claim = "rank", scope = "all-replicas" }')
     deployment.write_text(changed)
@@ -167,7 +167,7 @@ def test_grove_hierarchical_resource_sharing(cgd: Cgd, tmp_path: Path) -> None:
     refused = cgd.cgctl("apply", "-f", str(invalid))
     assert refused.returncode == 1
     assert f"{invalid}: sharing[2].filter: a filter must name at least one child" in refused.stderr
-    assert (cgd.state_dir / "state.json").read_text() == state, "a refused apply changes nothing"
+    assert cgd.state() == state, "a refused apply changes nothing"
     assert check(cgd, [(3, 1)], 14, bystander) == pids
 
     out = cgctl(cgd, "delete", "-f", str(deployment))
@@ -187,14 +187,14 @@ def test_names_taken_outside_the_deployment_are_refused_and_its_components_are_i
             "components": [{"name": "w", "sharing": [{"claim": "x", "scope": "per-replica"}]}]}
     status, reply = cgd.request("POST", "/v1/components", {"name": "rs-0-w", "claim": {"gpus": 1}})
     assert status == 201, reply
-    state = (cgd.state_dir / "state.json").read_text()
+    state = cgd.state()
     status, reply = cgd.request("POST", "/v1/deployments", {"spec": data, "source": "/srv/rs.toml"})
     assert status == 409 and reply["error"]["message"].startswith(
         "components[0] (set replica 0): component 'rs-0-w' exists outside deployment 'rs'"), reply
     for body in ({"spec": [], "source": "x"}, {"spec": data, "colour": 1}, {"source": "x"}):
         status, reply = cgd.request("POST", "/v1/deployments", body)
         assert status == 400, (body, reply)
-    assert (cgd.state_dir / "state.json").read_text() == state
+    assert cgd.state() == state
 
     data["name"] = "other"
     status, reply = cgd.request("POST", "/v1/deployments", {"spec": data, "source": "/srv/other.toml"})
@@ -252,14 +252,14 @@ def test_a_component_or_reservation_cannot_take_a_path_of_a_deployment(cgd: Cgd)
             "scaling_groups": [{"name": "sg", "components": ["w"]}]}
     status, reply = cgd.request("POST", "/v1/deployments", {"spec": data, "source": "/srv/rs.toml"})
     assert status == 200, reply
-    state = (cgd.state_dir / "state.json").read_text()
+    state = cgd.state()
     for path in ("rs", "rs-0-sg"):
         status, reply = cgd.request("POST", "/v1/components", {"name": path, "claim": {"gpus": 1}})
         assert status == 409 and reply["error"]["message"] == (
             f"{path!r} is a path of deployment 'rs', whose groups it names: pick another name"), reply
         status, reply = cgd.request("POST", "/v1/reservations", {"name": path, "claim": {"gpus": 1}, "ttl_s": 60})
         assert status == 409 and "is a path of deployment 'rs'" in reply["error"]["message"], reply
-    assert (cgd.state_dir / "state.json").read_text() == state
+    assert cgd.state() == state
     # A set replica owns no group here (no set-level sharing): the name stays free.
     assert cgd.request("POST", "/v1/components", {"name": "rs-0", "claim": {"gpus": 1}})[0] == 201
 
@@ -272,10 +272,10 @@ def test_a_worker_that_cannot_start_undoes_the_whole_change(cgd: Cgd) -> None:
     blocked.mkdir(parents=True)  # a directory where replica 1's log file goes: it cannot start
     status, reply = cgd.request("POST", "/v1/deployments", {"spec": data, "source": "/srv/dd.toml"})
     assert status == 200, reply
-    state = json.loads((cgd.state_dir / "state.json").read_text())
+    state = cgd.state()
     status, reply = cgd.request("POST", "/v1/deployments/dd/scale", {"target": "w", "replicas": 2})
     assert status == 400 and "could not start the workers of deployment 'dd'" in reply["error"]["message"], reply
-    after = json.loads((cgd.state_dir / "state.json").read_text())
+    after = cgd.state()
     for key in ("components", "groups", "deployments"):
         assert after[key] == state[key], key
     assert list(after["workers"]) == ["dd-0-w/0"]

@@ -1,0 +1,264 @@
+"""The journal: one checksummed line per commit, holding what changed and nothing else.
+
+A commit costs what it changes, not the size of the state: the store
+appends one `Entry` (the records set or removed, and the top-level fields
+that changed) to `state.journal` and fsyncs it; every so often it writes
+the whole document as a snapshot (`state.json`) and starts a new journal
+(the shape of etcd's WAL + snapshot and Redis' AOF). Loading replays the
+entries newer than the snapshot.
+
+Each line is the entry's JSON, a space and `sha256:<hex>` of that JSON, so
+a line is readable with `grep` and `jq -R 'split(" sha256:")[0] | fromjson'`.
+Records are frozen (see `schema.Record`), so the change is found by identity
+first and equality second: nothing is encoded that did not change.
+
+A line that is cut short or fails its checksum is what a crash leaves at
+the end of a file: it was never acknowledged (an acknowledgement waits for
+the fsync) and is dropped with a warning. The same anywhere else means the
+file was damaged after it was written, and loading refuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from copy import copy as _copy
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from computegroups.statefiles.errors import StateCorruptError, StateFormatError, StateVersionError
+from computegroups.statefiles.schema import (
+    SCHEMA_VERSION,
+    ComponentRecord,
+    DeploymentRecord,
+    GroupRecord,
+    MachineFingerprint,
+    NonNegative,
+    ReservationRecord,
+    RuleBroken,
+    StateDoc,
+    WorkerRecord,
+    key_step,
+)
+from computegroups.statefiles.validation import decode as decode_as
+from computegroups.statefiles.validation import refuse_non_json
+
+JOURNAL_FILE = "state.journal"
+JOURNAL_BACKUP = "state.journal.bak"
+MAPS = ("components", "groups", "reservations", "workers", "deployments")
+"""The record maps of a `StateDoc`; the rest (`machine`, `drained`) change whole."""
+_KEY_OF: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "components": ("name", lambda r: r.name),
+    "groups": ("id", lambda r: r.id),
+    "reservations": ("name", lambda r: r.name),
+    "deployments": ("name", lambda r: r.name),
+    "workers": ("<component>/<replica>", lambda r: r.key),
+}
+_ENCODER = msgspec.json.Encoder()
+_MARK = b" sha256:"
+
+
+class Entry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """One commit: the generation it makes, and each record set (or removed: null) under its key.
+
+    The fields carry the names of `StateDoc`'s, so a refusal reads the same
+    as one of the whole document: `groups["g1"].users[1]: duplicate 'web'`.
+    """
+
+    schema_version: int
+    generation: NonNegative
+    machine: MachineFingerprint | UnsetType | None = UNSET
+    drained: tuple[str, ...] | UnsetType = UNSET
+    components: dict[str, ComponentRecord | None] = {}
+    groups: dict[str, GroupRecord | None] = {}
+    reservations: dict[str, ReservationRecord | None] = {}
+    workers: dict[str, WorkerRecord | None] = {}
+    deployments: dict[str, DeploymentRecord | None] = {}
+
+    def __post_init__(self) -> None:
+        if isinstance(self.drained, tuple) and len(set(self.drained)) != len(self.drained):
+            raise RuleBroken("duplicate GPU", ".drained")
+        for name in MAPS:
+            what, key_of = _KEY_OF[name]
+            for key, record in getattr(self, name).items():
+                if record is not None and key_of(record) != key:
+                    raise RuleBroken(f"{what} must match the key {key!r}, got {key_of(record)!r}",
+                                     f".{name}", key_step(key))
+
+
+def diff(old: StateDoc, new: StateDoc, generation: int) -> Entry | None:
+    """What turns `old` into `new`, as the entry of `generation`; None when nothing changed."""
+    changes: dict[str, Any] = {}
+    for name in MAPS:
+        before, after = getattr(old, name), getattr(new, name)
+        if before is after:
+            continue
+        changed: dict[str, Any] = {}
+        for key, record in after.items():
+            was = before.get(key)
+            if was is not record and was != record:
+                changed[key] = record
+        for key in before.keys() - after.keys():
+            changed[key] = None
+        if changed:
+            changes[name] = changed
+    if old.machine != new.machine:
+        changes["machine"] = new.machine
+    if old.drained != new.drained:
+        changes["drained"] = new.drained
+    if not changes:
+        return None
+    try:
+        return Entry(schema_version=SCHEMA_VERSION, generation=generation, **changes)
+    except RuleBroken as broken:  # a record put under another's key: refused like any wrong value
+        raise StateFormatError(str(broken)) from None
+
+
+def encode(entry: Entry) -> bytes:
+    """The entry's line, checked: the very bytes written decode, strictly, to what the caller holds.
+
+    msgspec's encoder writes infinity as null and a set as a list, and runs
+    no rules; decoding the line back refuses what the file could not hold or
+    the rules forbid, with its path, before anything is written.
+    """
+    try:
+        body = _ENCODER.encode(entry)
+    except (TypeError, RecursionError) as bad:
+        raise _unencodable(entry, bad) from None
+    copy = decode_as(body, Entry)
+    if copy != entry:
+        for name in MAPS:
+            for key, record in getattr(entry, name).items():
+                if record is not None:
+                    refuse_non_json(record, f"{name}{key_step(key)}")
+    return b"%b%b%b\n" % (body, _MARK, hashlib.sha256(body).hexdigest().encode())
+
+
+def _unencodable(entry: Entry, bad: Exception) -> StateFormatError:
+    for name in MAPS:
+        for key, record in getattr(entry, name).items():
+            where = f"{name}{key_step(key)}"
+            if record is not None:
+                refuse_non_json(record, where)
+            try:
+                _ENCODER.encode(record)
+            except TypeError as failed:
+                return StateFormatError(f"{where}: not a JSON value ({failed})")
+            except RecursionError:
+                return StateFormatError(f"{where}: nested too deeply")
+    return StateFormatError(f"top level: not a JSON value ({bad})")
+
+
+def apply(doc: StateDoc, entry: Entry) -> None:
+    """Change `doc` (whose maps the caller owns) as `entry` says, and give it the entry's generation."""
+    for name in MAPS:
+        changes = getattr(entry, name)
+        if not changes:
+            continue
+        records = getattr(doc, name)
+        added = False
+        for key, record in changes.items():
+            if record is None:
+                records.pop(key, None)
+            else:
+                added = added or key not in records
+                records[key] = record
+        if added:  # kept in key order, as a loaded file is (see schema._keyed)
+            setattr(doc, name, dict(sorted(records.items())))
+    if entry.machine is not UNSET:
+        doc.machine = entry.machine
+    if entry.drained is not UNSET:
+        doc.drained = entry.drained
+    doc.generation = entry.generation
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A journal file's entries, and what a crash left at its end."""
+
+    entries: tuple[Entry, ...]
+    good_length: int
+    """Bytes up to the end of the last whole, sound line."""
+    torn: str | None
+    """Why the bytes after `good_length` were dropped; None when there were none."""
+
+
+def parse(raw: bytes, path: str) -> Parsed:
+    """Every entry of a journal file. A bad last line is `torn`; a bad line before a good one is refused."""
+    entries: list[Entry] = []
+    offset = 0
+    while offset < len(raw):
+        end = raw.find(b"\n", offset)
+        line = raw[offset:] if end < 0 else raw[offset:end]
+        problem = "cut short (no end of line)" if end < 0 else None
+        entry = None
+        if problem is None:
+            try:
+                entry = _entry(line)
+            except StateVersionError as newer:
+                raise StateVersionError(f"journal {path}: entry at byte {offset} was {newer}") from None
+            except StateFormatError as bad:
+                problem = str(bad)
+        if entry is None:
+            rest = raw[end + 1:] if end >= 0 else b""
+            if rest.strip():
+                raise StateCorruptError(
+                    f"journal {path}: the entry at byte {offset} is damaged ({problem}) and entries follow it: "
+                    "the file changed after it was written. Refusing to load a state with changes missing; "
+                    "inspect it with `python -m computegroups.statefiles DIR`")
+            return Parsed(tuple(entries), offset, f"{len(raw) - offset} bytes at byte {offset}: {problem}")
+        entries.append(entry)
+        offset = end + 1
+    return Parsed(tuple(entries), offset, None)
+
+
+def _entry(line: bytes) -> Entry:
+    body, mark, digest = line.rpartition(_MARK)
+    if not mark:
+        raise StateFormatError("no checksum")
+    if hashlib.sha256(body).hexdigest().encode() != digest:
+        raise StateFormatError("checksum mismatch")
+    try:
+        head = msgspec.json.decode(body, type=_Head)
+    except msgspec.DecodeError as bad:
+        raise StateFormatError(f"not an entry: {bad}") from None
+    if head.schema_version > SCHEMA_VERSION:
+        raise StateVersionError(
+            f"written by schema version {head.schema_version}, but this computegroups reads up to version "
+            f"{SCHEMA_VERSION}: upgrade computegroups")
+    if head.schema_version != SCHEMA_VERSION:
+        raise StateFormatError(f"schema_version {head.schema_version}: entries are never migrated")
+    return decode_as(body, Entry)
+
+
+class _Head(msgspec.Struct):
+    schema_version: int
+
+
+def replay(doc: StateDoc, entries: list[Entry], where: str) -> StateDoc:
+    """`doc` (whose maps the caller owns) brought up to the last entry; entries it already holds are skipped.
+
+    So a replay after a crash between a snapshot and the journal's rotation
+    applies nothing twice. A missing generation is refused: what came after
+    it was built on a change that is lost.
+    """
+    for entry in entries:
+        if entry.generation <= doc.generation:
+            continue
+        if entry.generation != doc.generation + 1:
+            raise StateCorruptError(
+                f"{where}: the journal continues at generation {entry.generation} after {doc.generation}: "
+                f"generations {doc.generation + 1} to {entry.generation - 1} are missing")
+        apply(doc, entry)
+    return doc
+
+
+def owned(doc: StateDoc) -> StateDoc:
+    """A document whose maps are its own and whose records (frozen) are shared: what a change may edit."""
+    copy = _copy(doc)  # not msgspec.structs.replace, which checks every record again
+    for name in MAPS:
+        setattr(copy, name, dict(getattr(doc, name)))
+    return copy

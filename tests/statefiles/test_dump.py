@@ -1,0 +1,40 @@
+"""`python -m computegroups.statefiles DIR` prints what cgd would load: the snapshot with the journal replayed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from computegroups.statefiles import StateStore
+from tests.statefiles.samples import commit, edit, populated_doc
+
+
+def dump(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "computegroups.statefiles", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_dump_holds_the_changes_in_the_journal(journaled: StateStore) -> None:
+    commit(journaled, populated_doc())
+    with journaled.transaction() as doc:
+        edit(doc.groups, "web-1", state="degraded")
+    assert journaled.journal_path.exists() and not journaled.path.exists(), "no snapshot yet: only the journal"
+    done = dump(str(journaled.directory))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["generation"] == 2 and data["groups"]["web-1"]["state"] == "degraded"
+    assert dump(str(journaled.directory), "--generation").stdout == "2\n"
+
+
+def test_a_directory_that_is_not_there_is_an_error(tmp_path: Path) -> None:
+    done = dump(str(tmp_path / "nowhere"))
+    assert done.returncode == 1 and done.stderr.strip().endswith(f"no state directory at {tmp_path / 'nowhere'}")
+
+
+def test_a_damaged_state_is_an_error_with_the_reason(store: StateStore) -> None:
+    commit(store, populated_doc())
+    store.path.write_bytes(b"{ not json")
+    done = dump(str(store.directory))
+    assert done.returncode == 1 and "is unusable" in done.stderr and done.stdout == ""
