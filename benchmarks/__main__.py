@@ -26,7 +26,7 @@ SECTIONS: dict[str, tuple[str, Section]] = {
     "allocator": ("placement decisions and packing, against first-fit", inprocess.allocator),
     "statefiles": ("durable state commits, against one fsync'd write", inprocess.state),
     "api": ("allocate + release over the socket with 1, 8, 32 clients; start a worker",
-            lambda quick: [e2e.api(quick), e2e.worker_cycle(quick)]),
+            lambda quick: [*e2e.api(quick), e2e.worker_cycle(quick)]),
     "cli": ("cgctl start-up and cgctl allocate until the worker runs", lambda quick: [e2e.cli(quick)]),
     "queue": ("a trace of 60 jobs through the wait queue, against clients that retry", queue.run),
     "failover": ("shadow promotion against a cold restart", failover.run),
