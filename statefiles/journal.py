@@ -89,6 +89,57 @@ class Entry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defau
                                      f".{name}", key_step(key))
 
 
+class Tracked(dict[str, Any]):
+    """A map of an open transaction's document that remembers the keys set or removed in it.
+
+    `owned` hands these out, so a commit looks at those keys alone and
+    costs what it changes, not the size of the state. A map replaced whole
+    (`doc.groups = {...}`, a document put in whole) is not one of `base`'s
+    and is compared record by record.
+    """
+
+    __slots__ = ("base", "touched")
+
+    def __init__(self, base: dict[str, Any]) -> None:
+        super().__init__(base)
+        self.base = base
+        self.touched: set[str] = set()
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.touched.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.touched.add(key)
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.touched.add(key)
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, Any]:
+        key, value = super().popitem()
+        self.touched.add(key)
+        return key, value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def __ior__(self, other: Any) -> Tracked:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        self.touched.update(self)
+        super().clear()
+
+
 def diff(old: StateDoc, new: StateDoc, generation: int) -> Entry | None:
     """What turns `old` into `new`, as the entry of `generation`; None when nothing changed."""
     changes: dict[str, Any] = {}
@@ -97,12 +148,14 @@ def diff(old: StateDoc, new: StateDoc, generation: int) -> Entry | None:
         if before is after:
             continue
         changed: dict[str, Any] = {}
-        for key, record in after.items():
-            was = before.get(key)
+        if isinstance(after, Tracked) and after.base is before:
+            candidates: Any = after.touched
+        else:
+            candidates = after.keys() | before.keys()
+        for key in sorted(candidates):
+            was, record = before.get(key), after.get(key)
             if was is not record and was != record:
                 changed[key] = record
-        for key in before.keys() - after.keys():
-            changed[key] = None
         if changed:
             changes[name] = changed
     if old.machine != new.machine:
@@ -260,5 +313,5 @@ def owned(doc: StateDoc) -> StateDoc:
     """A document whose maps are its own and whose records (frozen) are shared: what a change may edit."""
     copy = _copy(doc)  # not msgspec.structs.replace, which checks every record again
     for name in MAPS:
-        setattr(copy, name, dict(getattr(doc, name)))
+        setattr(copy, name, Tracked(getattr(doc, name)))
     return copy

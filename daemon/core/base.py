@@ -26,7 +26,7 @@ from computegroups.daemon.core.workers import (
 )
 from computegroups.daemon.model.enums import ComponentState
 from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
-from computegroups.daemon.model.refs import component_of
+from computegroups.daemon.model.refs import uses
 from computegroups.daemon.supervision.supervisor import Supervisor
 from computegroups.statefiles.schema import StateDoc
 
@@ -169,7 +169,7 @@ class ManagerBase:
         a scale-in meanwhile would pull that group from under the new user."""
         if name is None:
             return
-        owners = {g.owner for g in self.doc.groups.values() if any(component_of(u) == name for u in g.users)}
+        owners = {g.owner for g in self.doc.groups.values() if uses(g.users, name)}
         self.check_idle(name, *sorted(owners))
 
     def _begin_release(self, names: list[str]) -> tuple[list[str], list[str]]:

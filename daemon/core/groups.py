@@ -25,7 +25,7 @@ from computegroups.daemon.core.views import group_view, reservation_view
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.enums import ComponentState, GroupState, Scope
 from computegroups.daemon.model.errors import Conflict, Forbidden, NotFound
-from computegroups.daemon.model.refs import component_of
+from computegroups.daemon.model.refs import uses
 from computegroups.daemon.model.requests import ReservationRequest
 
 
@@ -120,7 +120,7 @@ class Groups(ManagerBase):
                         doc.groups[g.id] = replace(current, state=GroupState.ALLOCATED)
                 if not drain:
                     for name, comp in list(doc.components.items()):
-                        mine = [g for g in doc.groups.values() if any(component_of(u) == name for u in g.users)]
+                        mine = [g for g in doc.groups.values() if uses(g.users, name)]
                         if comp.state == "degraded" and not any(g.state == "degraded" for g in mine):
                             state = ComponentState.RUNNING if comp.spec.command else ComponentState.ALLOCATED
                             doc.components[name] = replace(comp, state=state)

@@ -22,7 +22,7 @@ from computegroups.daemon.core.workers import (
 )
 from computegroups.daemon.model.enums import Role
 from computegroups.daemon.model.errors import Forbidden, NotFound
-from computegroups.daemon.model.refs import component_of
+from computegroups.daemon.model.refs import uses
 from computegroups.daemon.supervision.worklogs import read_worker_log
 
 
@@ -41,7 +41,7 @@ class Queries(ManagerBase):
     def groups(self, component: str | None, state: str | None, gpu: int | None) -> list[dict[str, Any]]:
         out = []
         for g in sorted(self.doc.groups.values(), key=lambda g: g.id):
-            if component and component != g.owner and not any(component_of(u) == component for u in g.users):
+            if component and component != g.owner and not uses(g.users, component):
                 continue
             if state and g.state != state:
                 continue

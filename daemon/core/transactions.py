@@ -38,7 +38,7 @@ from computegroups.daemon.model.errors import (
     StateUnwritable,
     Unsatisfiable,
 )
-from computegroups.daemon.model.refs import component_of
+from computegroups.daemon.model.refs import component_of, uses
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
 from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
 from computegroups.statefiles.errors import StateError, StateLockedError
@@ -395,7 +395,7 @@ def detach_refs(doc: StateDoc, refs: set[str], releasing: set[str]) -> list[str]
     """
     freed = []
     for gid, g in list(doc.groups.items()):
-        if not refs & set(g.users):
+        if refs.isdisjoint(g.users):
             continue
         users = tuple(u for u in g.users if u not in refs)
         owner_stays = g.owner in doc.components and g.owner not in releasing
@@ -438,7 +438,7 @@ def new_component_records(
         for i, ref in refs_by_replica.items():
             if request.scope == "all-replicas":
                 targets = sorted({g.id for g in doc.groups.values()
-                                  if any(component_of(u) == target_name for u in g.users)})
+                                  if uses(g.users, target_name)})
             else:
                 if i >= target.replicas:
                     raise BadRequest(
@@ -561,7 +561,7 @@ def remove_component(doc: StateDoc, keeper: StateKeeper, name: str, releasing: s
     """Forget a component whose workers are already stopped; returns freed groups."""
     comp = doc.components[name]
     refs = {replica_ref(name, i) for i in range(max(comp.replicas, 1))}
-    refs |= {u for g in doc.groups.values() for u in g.users if component_of(u) == name}
+    refs |= {u for g in doc.groups.values() if uses(g.users, name) for u in g.users if component_of(u) == name}
     for key in [k for k, w in doc.workers.items() if w.component == name]:
         del doc.workers[key]
     freed = detach_refs(doc, refs, releasing)
@@ -619,7 +619,7 @@ def scale_component(
                 ref = replica_ref(comp.name, i)
                 if request.scope == "all-replicas":
                     targets = sorted({g.id for g in doc.groups.values()
-                                      if any(component_of(u) == target.name for u in g.users)})
+                                      if uses(g.users, target.name)})
                 else:
                     if i >= target.replicas:
                         raise BadRequest(f"replicas: {target.name!r} has only {target.replicas} replicas to share")

@@ -29,3 +29,14 @@ class ReplicaRef(NamedTuple):
 def component_of(text: str) -> str:
     """The component of a stored replica reference."""
     return ReplicaRef.parse(text).component
+
+
+def uses(users: tuple[str, ...], component: str) -> bool:
+    """Whether one of `component`'s replicas is among a group's `users`.
+
+    Component names never contain `/`, so a prefix test says exactly what
+    `component_of(u) == component` would, without parsing every reference
+    of every group: this runs over the whole state on each release.
+    """
+    prefix = f"{component}/"
+    return any(u.startswith(prefix) for u in users)
