@@ -13,7 +13,7 @@ import copy
 import errno
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -42,6 +42,7 @@ from computegroups.daemon.model.refs import component_of, uses
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
 from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
 from computegroups.statefiles.errors import StateError, StateLockedError
+from computegroups.statefiles.journal import Tracked
 from computegroups.statefiles.schema import (
     ComponentRecord,
     DeviceRecord,
@@ -122,6 +123,14 @@ class StateKeeper:
         that differ from it (a cheap comparison of Structs) are derived again."""
         self._followed = -1
         """The generation of the document the ledger was last brought in line with."""
+        self._txn_groups: dict[str, GroupRecord] | None = None
+        """The open transaction's group map. The store hands out maps that remember the keys set
+        or removed in them (`Tracked`): those, and the groups placed meanwhile, are all that can
+        differ from what the ledger followed when the transaction began."""
+        self._txn_generation = -1
+        self._placed: set[str] = set()
+        self._draining: dict[str, frozenset[int]] = {}
+        """The GPUs of each draining group, kept beside the ledger: nothing new goes there."""
         self._syncing: asyncio.Future[None] | None = None
         """The fsync in flight, which every change appended before it began shares."""
         self._flusher: asyncio.Task[None] | None = None
@@ -133,18 +142,35 @@ class StateKeeper:
         self._unavailable: set[int] = set()
         self._follow(self.doc)
 
-    def _follow(self, doc: StateDoc) -> None:
-        groups, basis = doc.groups, self._basis
+    def _follow(self, doc: StateDoc, keys: Iterable[str] | None = None) -> None:
+        """Bring the ledger in line with `doc`, looking at `keys` alone when only they can differ.
+
+        Inside a transaction that is what it touched, so a decision on a
+        large state costs what the transaction changed, not the state's size.
+        """
+        groups, basis, held = doc.groups, self._basis, self.allocator.held_ids()
+        if keys is None and groups is self._txn_groups and isinstance(groups, Tracked):
+            keys = groups.touched | self._placed
+        if keys is None:
+            keys = basis.keys() | held | groups.keys()
+            if groups is not self._txn_groups:  # a document put in whole: its changes are not all touched keys
+                self._txn_groups = None
         changes: dict[str, Holding | None] = {}
-        for gid in (basis.keys() | self.allocator.held_ids()) - groups.keys():
-            changes[gid] = None  # gone from the document, or placed and never recorded
-            self._freed = self._freed or gid in basis
-            basis.pop(gid, None)
-        for gid, g in groups.items():
-            was = basis.get(gid)
-            if was is not g and was != g:  # records are frozen: most are the very objects followed before
+        for gid in keys:
+            g, was = groups.get(gid), basis.get(gid)
+            if g is None:
+                if was is not None or gid in held:  # gone from the document, or placed and never recorded
+                    changes[gid] = None
+                    self._freed = self._freed or was is not None
+                    basis.pop(gid, None)
+                    self._draining.pop(gid, None)
+            elif was is not g and was != g:  # records are frozen: most are the very objects followed before
                 changes[gid] = self._holding(g)
                 basis[gid] = g
+                if g.state == GroupState.DRAINING:
+                    self._draining[gid] = frozenset(d.gpu_index for d in g.devices)
+                else:
+                    self._draining.pop(gid, None)
         self.allocator.update(changes)
         unavailable = self.unavailable_gpus(doc)
         self._freed = self._freed or bool(self._unavailable - unavailable)
@@ -152,6 +178,19 @@ class StateKeeper:
         self.allocator.set_unavailable(unavailable)
         self.allocator.set_foreign(self.foreign)
         self._followed = doc.generation
+
+    def _roll_back(self) -> None:
+        """After a failed transaction, follow the last committed document again.
+
+        When the transaction began from that very document, only what it
+        touched can differ; otherwise (another writer committed meanwhile)
+        every group is looked at.
+        """
+        groups, self._txn_groups = self._txn_groups, None
+        if isinstance(groups, Tracked) and self._txn_generation == self.doc.generation:
+            self._follow(self.doc, groups.touched | self._placed)
+        else:
+            self._follow(self.doc)
 
     def sync_ledger(self, doc: StateDoc) -> None:
         """Bring the allocator's ledger in line with `doc` (the open transaction's) before asking it anything."""
@@ -184,12 +223,10 @@ class StateKeeper:
         )
 
     def unavailable_gpus(self, doc: StateDoc) -> set[int]:
+        """Drained, draining or unhealthy GPUs, for `doc` once the ledger follows it."""
         by_uuid = {g.uuid: g.index for g in self.machine.gpus}
         drained = {by_uuid[u] for u in doc.drained if u in by_uuid}
-        draining_groups = {
-            d.gpu_index for g in doc.groups.values() if g.state == "draining" for d in g.devices
-        }
-        return drained | draining_groups | self.unhealthy
+        return drained.union(*self._draining.values()) | self.unhealthy
 
     @contextmanager
     def transaction(self) -> Iterator[StateDoc]:
@@ -252,8 +289,10 @@ class StateKeeper:
             with (txn := self.store.transaction(sync=False)) as doc:
                 if doc.generation != self._followed:
                     self._follow(doc)
+                self._txn_groups, self._txn_generation, self._placed = doc.groups, doc.generation, set()
                 yield txn
                 self._follow(txn.doc)
+            self._txn_groups = None
             assert txn.committed is not None
             self.doc = txn.committed
             self._followed = self.doc.generation
@@ -267,16 +306,16 @@ class StateKeeper:
                     if not waiter.done():
                         waiter.set_result(None)
         except StateLockedError:
-            self._follow(self.doc)
+            self._roll_back()
             raise
         except StateError as exc:
-            self._follow(self.doc)
+            self._roll_back()
             refusal = storage_refusal(exc)
             if refusal is None:
                 raise
             raise refusal from exc
         except BaseException:
-            self._follow(self.doc)
+            self._roll_back()
             raise
 
     def restore(self, earlier: StateDoc) -> None:
@@ -293,6 +332,7 @@ class StateKeeper:
         group freed) counts for this decision.
         """
         self._follow(doc)
+        self._placed.update(group_ids)
         try:
             return self.allocator.allocate(claim, group_ids, owner, reserved=reserved)
         except NeverFits as exc:
