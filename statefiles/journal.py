@@ -15,7 +15,10 @@ first and equality second: nothing is encoded that did not change.
 A line that is cut short or fails its checksum is what a crash leaves at
 the end of a file: it was never acknowledged (an acknowledgement waits for
 the fsync) and is dropped with a warning. The same anywhere else means the
-file was damaged after it was written, and loading refuses it.
+file was damaged after it was written, and loading refuses it. A whole line
+whose checksum holds but which is not a valid entry is refused wherever it
+is: no crash writes the right checksum over the wrong bytes, so it was
+written whole (and may have been acknowledged) and changed since.
 """
 
 from __future__ import annotations
@@ -240,51 +243,63 @@ class Parsed:
 
 
 def parse(raw: bytes, path: str) -> Parsed:
-    """Every entry of a journal file. A bad last line is `torn`; a bad line before a good one is refused."""
+    """Every entry of a journal file. A last line cut short or failing its checksum is `torn`; such a line
+    before others, or a sealed line that is not a valid entry, is refused."""
     entries: list[Entry] = []
     offset = 0
     while offset < len(raw):
         end = raw.find(b"\n", offset)
-        line = raw[offset:] if end < 0 else raw[offset:end]
-        problem = "cut short (no end of line)" if end < 0 else None
-        entry = None
-        if problem is None:
-            try:
-                entry = _entry(line)
-            except StateVersionError as newer:
-                raise StateVersionError(f"journal {path}: entry at byte {offset} was {newer}") from None
-            except StateFormatError as bad:
-                problem = str(bad)
-        if entry is None:
-            rest = raw[end + 1:] if end >= 0 else b""
-            if rest.strip():
-                raise StateCorruptError(
-                    f"journal {path}: the entry at byte {offset} is damaged ({problem}) and entries follow it: "
-                    "the file changed after it was written. Refusing to load a state with changes missing; "
-                    "inspect it with `python -m computegroups.statefiles DIR`")
-            return Parsed(tuple(entries), offset, f"{len(raw) - offset} bytes at byte {offset}: {problem}")
-        entries.append(entry)
-        offset = end + 1
+        problem: str | None = "cut short (no end of line)"
+        if end >= 0:
+            line = raw[offset:end]
+            problem = _unsealed(line)
+            if problem is None:
+                entries.append(_entry(line, f"journal {path}: line {len(entries) + 1} (byte {offset})"))
+                offset = end + 1
+                continue
+        if end >= 0 and raw[end + 1:].strip():
+            raise StateCorruptError(
+                f"journal {path}: the entry at byte {offset} is damaged ({problem}) and entries follow it: "
+                "the file changed after it was written. Refusing to load a state with changes missing; "
+                "inspect it with `python -m computegroups.statefiles DIR`")
+        return Parsed(tuple(entries), offset, f"{len(raw) - offset} bytes at byte {offset}: {problem}")
     return Parsed(tuple(entries), offset, None)
 
 
-def _entry(line: bytes) -> Entry:
+def _unsealed(line: bytes) -> str | None:
+    """Why `line` is not as the store wrote it, None when its checksum holds."""
     body, mark, digest = line.rpartition(_MARK)
     if not mark:
-        raise StateFormatError("no checksum")
+        return "no checksum"
     if hashlib.sha256(body).hexdigest().encode() != digest:
-        raise StateFormatError("checksum mismatch")
+        return "checksum mismatch"
+    return None
+
+
+def _entry(line: bytes, where: str) -> Entry:
+    """The entry of a sealed line; `where` names the line in a refusal."""
+    body = line.rpartition(_MARK)[0]
     try:
         head = msgspec.json.decode(body, type=_Head)
     except msgspec.DecodeError as bad:
-        raise StateFormatError(f"not an entry: {bad}") from None
+        raise _refused(where, f"not an entry: {bad}") from None
     if head.schema_version > SCHEMA_VERSION:
         raise StateVersionError(
-            f"written by schema version {head.schema_version}, but this computegroups reads up to version "
-            f"{SCHEMA_VERSION}: upgrade computegroups")
+            f"{where} was written by schema version {head.schema_version}, but this computegroups reads up to "
+            f"version {SCHEMA_VERSION}: upgrade computegroups")
     if head.schema_version != SCHEMA_VERSION:
-        raise StateFormatError(f"schema_version {head.schema_version}: entries are never migrated")
-    return decode_as(body, Entry)
+        raise _refused(where, f"schema_version {head.schema_version}: entries are never migrated")
+    try:
+        return decode_as(body, Entry)
+    except StateFormatError as bad:
+        raise _refused(where, str(bad)) from None
+
+
+def _refused(where: str, problem: str) -> StateCorruptError:
+    return StateCorruptError(
+        f"{where} has a sound checksum but is not a valid entry ({problem}): it was written whole and changed "
+        "since, and may hold an acknowledged change. Refusing to load without it; inspect it with "
+        "`python -m computegroups.statefiles DIR`")
 
 
 class _Head(msgspec.Struct):
