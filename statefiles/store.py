@@ -198,13 +198,13 @@ class StateStore:
         with self._thread_lock:
             self.durable_generation = max(self.durable_generation, current)
 
-    def _poison(self, failed: OSError) -> NoReturn:
+    def _poison(self, failed: OSError, what: str | None = None) -> NoReturn:
         """After a failed fsync the kernel may have dropped the dirty pages and cleared the error:
         a retry could "succeed" with nothing on disk. Refuse everything until a restart reads the disk again."""
+        what = what or f"changes after generation {self.durable_generation} may or may not be on disk"
         self._poisoned = (
             f"could not make the state in {self.directory} durable: {failed.strerror} "
-            f"({failed.filename or self.journal_path}). Changes since the last durable generation may be lost; "
-            "restart cgd to read what the disk holds"
+            f"({failed.filename or self.journal_path}). {what}; restart cgd to read what the disk holds"
         )
         raise StateError(self._poisoned) from failed
 
@@ -436,22 +436,36 @@ class StateStore:
         snapshot = (loaded.rewrite or self._journal_entries + 1 >= self.snapshot_every
                     or self._journal_bytes >= _JOURNAL_MAX_BYTES)
         payload = self._snapshot_payload(doc, generation + 1) if snapshot else None
+        start: int | None = None
         try:
             if line is not None:
-                self._append(line, sync and payload is None)
+                fd = self._journal()
+                start = self._journal_bytes
+                _write_all(fd, line)
+                if sync or payload is not None:
+                    # Before a snapshot too: the journal it moves aside is what the backup's chain relies on.
+                    self._fsync_journal(directory=payload is None)
             if payload is not None:
                 self._write_snapshot(payload, loaded.snapshot)
         except BaseException as failed:
-            # Whatever happened, the disk holds generation N or N + 1: the next transaction reads it.
+            # Failed before the snapshot took its name: the disk goes back to `generation`.
             self._current = self._stamp = None
-            self._close_journal()
-            if not isinstance(failed, OSError):
+            self._close_journal(cut_to=start)
+            if self._poisoned is not None or not isinstance(failed, OSError):
                 raise
             raise StateError(
                 f"could not commit generation {generation + 1} in {self.directory}: {failed.strerror} "
                 f"({failed.filename or self.journal_path}). The change is not acknowledged and nothing may act "
-                f"on it; the next transaction finds generation {generation} or {generation + 1}."
+                f"on it; the state stays at generation {generation}."
             ) from failed
+        if line is not None:
+            self._journal_bytes += len(line)
+            self._journal_entries += 1
+        if payload is not None:
+            self._rotate_journal(generation + 1)
+        else:
+            assert self._stamp is not None and self._journal_fd is not None
+            self._stamp = (self._stamp[0], (os.fstat(self._journal_fd).st_ino, self._journal_bytes))
         doc.generation = generation + 1
         if entry is not None:
             journal.apply(loaded.base, entry)
@@ -463,30 +477,16 @@ class StateStore:
             self.durable_generation = generation + 1
         return True
 
-    def _append(self, line: bytes, sync: bool) -> None:
-        """One entry at the end of the journal; on failure the journal is cut back to where it was,
-        so no later entry follows half a line."""
-        fd = self._journal()
-        before = self._journal_bytes
+    def _fsync_journal(self, directory: bool) -> None:
+        """fsync the journal (and, with `directory`, a new journal's name); a failure poisons the store."""
+        assert self._journal_fd is not None
         try:
-            view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-            if sync:
-                os.fsync(fd)
-                if self._directory_dirty:
-                    _fsync_directory(self.directory)
-                    self._directory_dirty = False
-        except OSError:
-            try:
-                os.ftruncate(fd, before)
-            except OSError as failed:
-                self._poison(failed)
-            raise
-        self._journal_bytes = before + len(line)
-        self._journal_entries += 1
-        assert self._stamp is not None
-        self._stamp = (self._stamp[0], (os.fstat(fd).st_ino, self._journal_bytes))
+            os.fsync(self._journal_fd)
+            if directory and self._directory_dirty:
+                _fsync_directory(self.directory)
+                self._directory_dirty = False
+        except OSError as failed:
+            self._poison(failed)
 
     def _journal(self) -> int:
         if self._journal_fd is None:
@@ -499,10 +499,32 @@ class StateStore:
             self._journal_bytes = os.fstat(self._journal_fd).st_size
         return self._journal_fd
 
-    def _close_journal(self) -> None:
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-            self._journal_fd = None
+    def _close_journal(self, cut_to: int | None = None) -> None:
+        """Let go of the journal's descriptor; a failure poisons the store.
+
+        It is fsync'd first when it holds entries not yet durable, since
+        `sync()` finds no descriptor to fsync afterwards and must not take
+        their durability on trust; and when `cut_to` cuts off the line of a
+        commit that failed, which may be whole and even fsync'd: no later
+        load may find a change its caller was told is refused.
+        """
+        fd, self._journal_fd = self._journal_fd, None
+        if fd is None:
+            return
+        try:
+            if cut_to is not None:
+                os.ftruncate(fd, cut_to)
+            if self._poisoned is None and (cut_to is not None or self._written_generation > self.durable_generation):
+                os.fsync(fd)
+                if self._directory_dirty:
+                    _fsync_directory(self.directory)
+                    self._directory_dirty = False
+                self.durable_generation = max(self.durable_generation, self._written_generation)
+        except OSError as failed:
+            if self._poisoned is None:
+                self._poison(failed)
+        finally:
+            os.close(fd)
 
     def _snapshot_payload(self, doc: StateDoc, generation: int) -> bytes:
         body = encode_body(doc)
@@ -514,7 +536,11 @@ class StateStore:
         the journals after it holding every entry since the backup, and the journals holding every entry
         since the snapshot: the journal is moved aside only once the snapshot that holds it has its name."""
         staging = self.directory / (STATE_FILE + ".tmp")
-        _write_file(staging, payload)
+        try:
+            _write_file(staging, payload)
+        except BaseException:
+            staging.unlink(missing_ok=True)  # on a full disk, give the room back
+            raise
         source = self.path if read is None else read.source
         if source == self.path and self.path.exists():
             self._keep_backup()
@@ -525,10 +551,18 @@ class StateStore:
             if not old.exists():
                 _write_file(old, read.raw)
         os.replace(staging, self.path)
-        self._close_journal()
-        if self.journal_path.exists():
-            os.replace(self.journal_path, self.journal_backup_path)
-        _fsync_directory(self.directory)
+
+    def _rotate_journal(self, generation: int) -> None:
+        """After the snapshot took its name: move the journal it holds aside and make the renames durable.
+        The commit is on disk now and cannot be taken back, so a failure poisons the store."""
+        try:
+            self._close_journal()
+            if self.journal_path.exists():
+                os.replace(self.journal_path, self.journal_backup_path)
+            _fsync_directory(self.directory)
+        except OSError as failed:
+            self._current = self._stamp = None
+            self._poison(failed, f"generation {generation} is written but may not be on disk")
         self._directory_dirty = False
         self._journal_entries = self._journal_bytes = 0
         self._stamp = self._disk_stamp()
@@ -673,13 +707,17 @@ _REFUSAL_HINT = (
 def _write_file(path: Path, payload: bytes, sync: bool = True) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        view = memoryview(payload)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, payload)
         if sync:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _fsync_directory(directory: Path) -> None:

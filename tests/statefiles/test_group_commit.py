@@ -7,6 +7,7 @@ import os
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -160,3 +161,36 @@ def test_a_state_read_from_disk_is_made_durable_once(tmp_path: Path, monkeypatch
     with reader.transaction(sync=False) as doc:
         doc.drained = ("GPU-y",)
     assert calls == ["file", "dir"]
+
+
+def _no_space_for(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes to the file called `name` fail as on a full disk; every other write goes through."""
+    real = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/" + name):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
+@pytest.mark.parametrize("failing", ["state.journal", "state.json.tmp"])
+def test_a_failed_commit_after_an_unsynced_one_does_not_let_sync_skip_its_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    """The failed commit closes the journal; the unsynced entry before it must still be fsync'd
+    before `sync()` calls it durable."""
+    store = StateStore(tmp_path / "state", snapshot_every=3)
+    commit(store, populated_doc())
+    with store.transaction(sync=False) as doc:
+        doc.drained = ("GPU-unsynced",)
+    assert store.durable_generation == 1
+    calls = _fsyncs(monkeypatch)
+    _no_space_for(failing, monkeypatch)
+    with pytest.raises(StateError, match="could not commit generation 3"), store.transaction(sync=False) as doc:
+        doc.drained = ("GPU-refused",)
+    store.sync(2)
+    assert "file" in calls, "generation 2 was declared durable without an fsync"
+    assert store.durable_generation == 2
+    loaded = StateStore(store.directory).load()
+    assert (loaded.generation, loaded.drained) == (2, ("GPU-unsynced",))

@@ -257,7 +257,8 @@ def test_a_snapshot_fsyncs_the_file_before_the_renames_and_the_directory_after(
     with store.transaction() as doc:
         doc.drained = ()
     assert calls == [
-        "fsync file",
+        "fsync file",  # the journal line: the backup's chain (the journal moved aside) holds it durably
+        "fsync file",  # the snapshot
         "link state.json -> state.json.bak.tmp",
         "rename state.json.bak.tmp -> state.json.bak",
         "rename state.json.tmp -> state.json",
@@ -388,21 +389,29 @@ def test_a_write_by_another_store_is_seen_by_the_next_transaction(store: StateSt
         assert doc.groups["web-1"].state == "allocated"
 
 
+def _no_space_for(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes to the file called `name` fail as on a full disk; every other write goes through."""
+    real = os.write
+
+    def write(fd: int, data: Any) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/" + name):
+            raise OSError(errno.ENOSPC, "No space left on device", name)
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+
 def test_a_failed_write_is_a_state_error_and_is_not_acknowledged(journaled: StateStore,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     store = journaled
     commit(store, populated_doc())
-    real_fsync = os.fsync
-
-    def full_disk(fd: int) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(store.journal_path))
-
-    monkeypatch.setattr(os, "fsync", full_disk)
+    _no_space_for("state.journal", monkeypatch)
     txn = store.transaction()
-    with pytest.raises(StateError, match=r"could not commit generation 2 .*No space left on device"), txn as doc:
+    with pytest.raises(StateError, match=r"could not commit generation 2 .*No space left on device.*stays at "
+                                         r"generation 1"), txn as doc:
         doc.drained = ()
     assert txn.committed is None and not txn.written
-    monkeypatch.setattr(os, "fsync", real_fsync)
+    monkeypatch.undo()
     assert store.load().generation == 1, "the journal is cut back to the last acknowledged entry"
     with store.transaction() as doc:
         assert doc.drained == ("GPU-cccc",)
@@ -410,24 +419,48 @@ def test_a_failed_write_is_a_state_error_and_is_not_acknowledged(journaled: Stat
     assert StateStore(store.directory).load().drained == ("GPU-aaaa",)
 
 
-def test_a_failed_snapshot_leaves_one_generation_or_the_next(store: StateStore,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("snapshot_every", [1, 1000], ids=["snapshot", "journal"])
+def test_a_failed_fsync_of_a_commit_refuses_every_change_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, snapshot_every: int) -> None:
+    """As after a failed `sync()`: the page cache may be clean and wrong, so no retry may pretend otherwise."""
+    store = StateStore(tmp_path / "state", snapshot_every=snapshot_every)
     commit(store, populated_doc())
-    real_fsync = os.fsync
 
-    def full_disk(fd: int) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(store.directory / "state.json.tmp"))
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(os, "fsync", full_disk)
-    with pytest.raises(StateError, match=r"finds generation 1 or 2"), store.transaction() as doc:
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(StateError, match=r"could not make the state .* durable: Input/output error"), \
+            store.transaction() as doc:
         doc.drained = ()
-    monkeypatch.setattr(os, "fsync", real_fsync)
-    found = store.load()
-    assert (found.generation, found.drained) in [(1, ("GPU-cccc",)), (2, ())]
+    monkeypatch.undo()
+    with pytest.raises(StateError, match="restart cgd"), store.transaction() as doc:
+        doc.drained = ("GPU-x",)
+    with pytest.raises(StateError, match="restart cgd"):
+        store.sync()
+    assert StateStore(store.directory).load().generation == 1
+
+
+def test_a_snapshot_that_finds_no_space_leaves_the_previous_generation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal line went in before the snapshot failed: it is cut back, so the refused change is
+    not what the next load finds."""
+    store = StateStore(tmp_path / "state", snapshot_every=2)
+    commit(store, populated_doc())
+    _no_space_for("state.json.tmp", monkeypatch)
+    with pytest.raises(StateError, match=r"could not commit generation 2 .*No space left on device.*stays at "
+                                         r"generation 1"), store.transaction() as doc:
+        doc.drained = ("GPU-refused",)
+    monkeypatch.undo()
+    for reader in (store, StateStore(store.directory)):
+        loaded = reader.load()
+        assert (loaded.generation, loaded.drained) == (1, ("GPU-cccc",))
+    assert not (store.directory / "state.json.tmp").exists(), "the half-written snapshot is not left to fill the disk"
     with store.transaction() as doc:
         doc.drained = ("GPU-aaaa",)
     again = StateStore(store.directory).load()
-    assert (again.generation, again.drained) == (found.generation + 1, ("GPU-aaaa",))
+    assert (again.generation, again.drained) == (2, ("GPU-aaaa",))
+    assert store.path.exists()
 
 
 def test_a_state_directory_that_cannot_be_created_is_a_state_error(tmp_path: Path) -> None:
