@@ -429,22 +429,25 @@ class StateStore:
         generation = loaded.generation
         doc.schema_version = SCHEMA_VERSION
         entry = journal.diff(loaded.base, doc, generation + 1)
-        if entry is None and not loaded.rewrite:
-            doc.generation = generation
-            return False
-        line = journal.encode(entry) if entry is not None else None
+        if entry is None:
+            if not loaded.rewrite:
+                doc.generation = generation
+                return False
+            # Every generation is a journal line, a rewrite that changes nothing too: the backup and the
+            # journals after it then reach every generation, whatever the snapshots were.
+            entry = journal.Entry(schema_version=SCHEMA_VERSION, generation=generation + 1)
+        line = journal.encode(entry)
         snapshot = (loaded.rewrite or self._journal_entries + 1 >= self.snapshot_every
                     or self._journal_bytes >= _JOURNAL_MAX_BYTES)
         payload = self._snapshot_payload(doc, generation + 1) if snapshot else None
         start: int | None = None
         try:
-            if line is not None:
-                fd = self._journal()
-                start = self._journal_bytes
-                _write_all(fd, line)
-                if sync or payload is not None:
-                    # Before a snapshot too: the journal it moves aside is what the backup's chain relies on.
-                    self._fsync_journal(directory=payload is None)
+            fd = self._journal()
+            start = self._journal_bytes
+            _write_all(fd, line)
+            if sync or payload is not None:
+                # Before a snapshot too: the journal it moves aside is what the backup's chain relies on.
+                self._fsync_journal(directory=payload is None)
             if payload is not None:
                 self._write_snapshot(payload, loaded.snapshot)
         except BaseException as failed:
@@ -458,19 +461,15 @@ class StateStore:
                 f"({failed.filename or self.journal_path}). The change is not acknowledged and nothing may act "
                 f"on it; the state stays at generation {generation}."
             ) from failed
-        if line is not None:
-            self._journal_bytes += len(line)
-            self._journal_entries += 1
+        self._journal_bytes += len(line)
+        self._journal_entries += 1
         if payload is not None:
             self._rotate_journal(generation + 1)
         else:
             assert self._stamp is not None and self._journal_fd is not None
             self._stamp = (self._stamp[0], (os.fstat(self._journal_fd).st_ino, self._journal_bytes))
         doc.generation = generation + 1
-        if entry is not None:
-            journal.apply(loaded.base, entry)
-        else:
-            loaded.base = journal.owned(doc)
+        journal.apply(loaded.base, entry)
         self._current = loaded.base
         self._written_generation = generation + 1
         if payload is not None or sync:

@@ -13,6 +13,7 @@ import pytest
 from computegroups.daemon.model.enums import GroupState
 from computegroups.statefiles import SCHEMA_VERSION, StateCorruptError, StateDoc, StateStore, StateVersionError
 from tests.statefiles.samples import commit, edit, populated_doc
+from tests.statefiles.test_migrations import RELEASE_0_1_0
 
 
 @pytest.fixture
@@ -222,3 +223,41 @@ def test_a_file_cut_anywhere_falls_back_to_the_backup(two_generations: StateStor
             assert store.load().generation == 2, f"cut at byte {cut}"
     store.path.write_bytes(whole[:-1])
     assert store.load().generation == 2, "only the final newline lost: nothing is missing"
+
+
+def _from_the_backup(store: StateStore) -> StateDoc:
+    """What loading finds if the state file is lost: the backup and every journal after it."""
+    backup = StateStore(store.directory)
+    backup.path = store.backup_path
+    return backup.load()
+
+
+def test_a_rewrite_that_changes_nothing_leaves_no_generation_out_of_the_journals(journaled: StateStore) -> None:
+    """cgd's first transaction after an upgrade writes the migrated state at a new generation: the
+    backup (the file before the upgrade) and the journals must still reach every generation after it."""
+    store = journaled
+    store.directory.mkdir(parents=True)
+    store.path.write_bytes(RELEASE_0_1_0.read_bytes())
+    with (upgrade := store.transaction()):
+        pass
+    assert upgrade.written and upgrade.generation == 15
+    with store.transaction() as doc:
+        doc.drained = ()
+    store.path.write_bytes(b"{ not json")
+    found = store.load()
+    assert (found.generation, found.drained) == (16, ())
+
+
+def test_a_hand_edit_sealed_again_leaves_no_generation_out_of_the_journals(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state", snapshot_every=2)
+    commit(store, populated_doc())
+    with store.transaction() as doc:
+        doc.drained = ()
+    data = json.loads(store.path.read_bytes())
+    del data["checksum"]
+    store.path.write_text(json.dumps(data))
+    with store.transaction():
+        pass
+    with store.transaction() as doc:
+        doc.drained = ("GPU-x",)
+    assert _from_the_backup(store) == StateStore(store.directory).load()
