@@ -464,7 +464,7 @@ class StateStore:
         self._journal_bytes += len(line)
         self._journal_entries += 1
         if payload is not None:
-            self._rotate_journal(generation + 1)
+            self._rotate_journal(generation + 1, loaded.snapshot)
         else:
             assert self._stamp is not None and self._journal_fd is not None
             self._stamp = (self._stamp[0], (os.fstat(self._journal_fd).st_ino, self._journal_bytes))
@@ -551,19 +551,28 @@ class StateStore:
                 _write_file(old, read.raw)
         os.replace(staging, self.path)
 
-    def _rotate_journal(self, generation: int) -> None:
+    def _rotate_journal(self, generation: int, read: _Snapshot | None) -> None:
         """After the snapshot took its name: move the journal it holds aside and make the renames durable.
-        The commit is on disk now and cannot be taken back, so a failure poisons the store."""
+        The commit is on disk now and cannot be taken back, so a failure poisons the store.
+
+        A snapshot made from the backup (the state file was bad) kept that
+        backup, whose journal `state.journal.bak` still is: then the current
+        journal stays where it is, holding what came after that one, and the
+        backup reaches every change through both. The next snapshot, made
+        from this one, moves it aside as usual.
+        """
+        from_backup = read is not None and read.source == self.backup_path
         try:
             self._close_journal()
-            if self.journal_path.exists():
+            if not from_backup and self.journal_path.exists():
                 os.replace(self.journal_path, self.journal_backup_path)
             _fsync_directory(self.directory)
         except OSError as failed:
             self._current = self._stamp = None
             self._poison(failed, f"generation {generation} is written but may not be on disk")
         self._directory_dirty = False
-        self._journal_entries = self._journal_bytes = 0
+        if not from_backup:
+            self._journal_entries = self._journal_bytes = 0
         self._stamp = self._disk_stamp()
 
     def _keep_backup(self) -> None:

@@ -232,6 +232,23 @@ def _from_the_backup(store: StateStore) -> StateDoc:
     return backup.load()
 
 
+def test_the_backup_and_the_journals_still_reach_every_change_after_a_fallback(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state", snapshot_every=3)
+    for n in range(1, 8):
+        with store.transaction() as doc:
+            doc.drained = (f"GPU-{n}",)
+    store.path.write_bytes(b"{ not json")
+    with store.transaction() as doc:
+        doc.drained = ("GPU-8",)
+    assert StateStore(store.directory).load().drained == ("GPU-8",)
+    found = _from_the_backup(store)
+    assert (found.generation, found.drained) == (8, ("GPU-8",))
+    for n in range(9, 14):  # and past the snapshots that follow
+        with store.transaction() as doc:
+            doc.drained = (f"GPU-{n}",)
+        assert _from_the_backup(store) == StateStore(store.directory).load()
+
+
 def test_a_rewrite_that_changes_nothing_leaves_no_generation_out_of_the_journals(journaled: StateStore) -> None:
     """cgd's first transaction after an upgrade writes the migrated state at a new generation: the
     backup (the file before the upgrade) and the journals must still reach every generation after it."""
