@@ -270,10 +270,10 @@ def worker_env(current: Mapping[str, str], *, export: bool, root: bool) -> dict[
         return {"PATH": current["PATH"]} if "PATH" in current else {}
     # Imported here, as the one copy of the rules cgd applies: the model costs start-up time
     # that only this option needs.
-    from computegroups.daemon.model.requests import LOADER_ENV, reserved_env
+    from computegroups.daemon.model.requests import env_problem
 
     return {k: v for k, v in current.items()
-            if not reserved_env(k) and not (root and k in LOADER_ENV) and _ENV_NAME.fullmatch(k)}
+            if _ENV_NAME.fullmatch(k) and env_problem(k, as_root=root) is None}
 
 
 def build_reservation(name: str, opts: Mapping[str, Any], ttl_s: float) -> dict[str, Json]:

@@ -30,7 +30,7 @@ from computegroups.daemon.core.workers import (
 )
 from computegroups.daemon.model.enums import ComponentState
 from computegroups.daemon.model.errors import BadRequest, Conflict, InsufficientCapacity, NotFound
-from computegroups.daemon.model.requests import LOADER_ENV, ComponentRequest
+from computegroups.daemon.model.requests import ComponentRequest, check_env
 from computegroups.daemon.supervision.asuser import start_problem
 from computegroups.daemon.supervision.processes import start_time
 from computegroups.daemon.supervision.workerenv import owner_env
@@ -39,11 +39,10 @@ from computegroups.statefiles.schema import ComponentRecord
 
 class Components(Jobs):
     async def allocate(self, caller: Caller, request: ComponentRequest) -> dict[str, Any]:
-        if caller.is_root:
-            loader = sorted(set(request.env) & LOADER_ENV)
-            if loader:
-                raise BadRequest(f"env.{loader[0]}: not passed to a worker that runs as root: it changes "
-                                 "what code runs there (set it in the command itself if you mean it)")
+        try:
+            check_env(request.env, as_root=caller.is_root)  # the workers run as the caller
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         if request.command or request.cwd is not None:
             try:
                 owner = owner_env(caller.uid, caller.gid)

@@ -23,6 +23,7 @@ from computegroups.daemon.core.workers import (
 from computegroups.daemon.model.enums import Role
 from computegroups.daemon.model.errors import Forbidden, NotFound
 from computegroups.daemon.model.refs import uses
+from computegroups.daemon.model.requests import reserved_env
 from computegroups.daemon.supervision.worklogs import read_worker_log
 
 
@@ -51,7 +52,8 @@ class Queries(ManagerBase):
         return out
 
     def env(self, caller: Caller, name: str, replica: int) -> dict[str, str]:
-        """What selects a replica's devices and describes its group (`CUDA_*`, `CG_*`).
+        """What selects a replica's devices and describes its group: the variables cgd sets
+        (`requests.reserved_env`), not a CUDA_HOME the owner passed.
 
         Meant for `eval "$(cgctl env NAME)"` in the asker's own shell: the
         worker's PATH, HOME, USER and LANG are its own and must not replace
@@ -64,7 +66,7 @@ class Queries(ManagerBase):
         worker = self.doc.workers.get(replica_ref(name, replica))
         role = worker.role if worker else (Role.SHADOW if comp.shadow_of else Role.PRIMARY)
         env = build_env(self.doc, comp, replica, role, self.paths, self.config)
-        return {k: v for k, v in env.items() if k.startswith(("CUDA_", "CG_"))}
+        return {k: v for k, v in env.items() if reserved_env(k)}
 
     def owned_component(self, caller: Caller, name: str, replica: int):
         comp = component_or_404(self.doc, name)

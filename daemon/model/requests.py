@@ -13,6 +13,7 @@ lease and the name live on the record); `ComponentRequest.spec` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import msgspec
@@ -44,7 +45,9 @@ __all__ = [
     "RestartSpec",
     "ScaleRequest",
     "Scope",
+    "check_env",
     "check_name",
+    "env_problem",
     "parse_component",
     "parse_group",
     "parse_reservation",
@@ -69,7 +72,36 @@ programs): never set for a worker that runs as root."""
 
 
 def reserved_env(key: str) -> bool:
+    """Whether cgd sets `key` itself from the compute group (never the caller's to pass)."""
     return key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES)
+
+
+def env_problem(key: str, *, as_root: bool) -> str | None:
+    """Why `key` may not reach a worker (one that runs as root when `as_root`); None when it may.
+
+    The one rule for a worker's environment: the model refuses the reserved
+    names in every request, the core refuses the loader's variables for a
+    root worker before anything is allocated, the worker's environment is
+    built only from what passes, and cgctl drops from `--export-env` what
+    would be refused.
+    """
+    if reserved_env(key):
+        return (f"{key}: CG_*, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and CUDA_MPS_* are set by cgd "
+                "from the compute group")
+    if as_root and key in LOADER_ENV:
+        return (f"{key}: not passed to a worker that runs as root: it changes what code runs there "
+                "(set it in the command itself if you mean it)")
+    return None
+
+
+def check_env(env: Iterable[str], *, as_root: bool) -> None:
+    """Raise ValueError (`env.KEY: why`) for the first variable `env_problem` refuses."""
+    for key in sorted(env):
+        problem = env_problem(key, as_root=as_root)
+        if problem is not None:
+            raise ValueError(f"env.{problem}")
+
+
 MAX_REPLICAS = 1024
 
 RequestError = ModelError
@@ -136,10 +168,7 @@ class _Process(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             raise ValueError("command[0]: the program may not be empty")
         if self.shell and (self.command is None or len(self.command) != 1):
             raise ValueError("shell: needs a command of exactly one string (the shell line)")
-        for key in self.env:
-            if reserved_env(key):
-                raise ValueError(f"env.{key}: CG_*, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and CUDA_MPS_* "
-                                 "are set by cgd from the compute group")
+        check_env(self.env, as_root=False)  # the root rule needs the worker's user: see env_problem
 
 
 class ComponentSpec(_Process, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -14,9 +14,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from computegroups.daemon.model.requests import check_env
+
 ROLES = ("primary", "shadow")
 NAMINGS = ("indices", "uuid")
-RESERVED_PREFIXES = ("CG_", "CUDA_")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -116,8 +117,13 @@ def worker_env(
     whole client, so it is the smallest compute share. Workers holding only
     whole devices are kept off MPS.
 
-    `extra` (the request's env) may add or replace anything except the
-    CG_* and CUDA_* variables, which would let a worker lie about its GPUs.
+    `extra` (the request's env) may add or replace anything but what the
+    model's one rule refuses (`requests.env_problem`): the variables cgd sets
+    from the group, which would let a worker lie about its GPUs (other
+    CUDA_* ones, CUDA_HOME say, are the user's), and, for a worker that runs
+    as root, the dynamic loader's. Every worker's environment is made here,
+    so whatever path asked for it (a request, a deployment, a state written
+    before a rule existed) cannot get past the rule.
 
     >>> ada = OwnerEnv(1000, 1000, "ada", "/home/ada", "/usr/bin:/bin", "C.UTF-8")
     >>> gpu = VisibleDevice(3, "GPU-aa", None, 81559, 100, True)
@@ -148,7 +154,7 @@ def worker_env(
         raise ValueError(f"naming must be one of {', '.join(NAMINGS)}, got {naming!r}")
     if replica < 0:
         raise ValueError(f"replica must be >= 0, got {replica}")
-    _check_extra(extra)
+    _check_extra(extra, as_root=owner.uid == 0)
     merged = merge_devices(devices)
 
     env = {"PATH": owner.path, "HOME": owner.home, "USER": owner.user}
@@ -225,11 +231,10 @@ def merge_devices(devices: Iterable[VisibleDevice]) -> list[VisibleDevice]:
     return list(merged.values())
 
 
-def _check_extra(extra: Mapping[str, str]) -> None:
+def _check_extra(extra: Mapping[str, str], *, as_root: bool) -> None:
+    check_env(extra, as_root=as_root)
     for key, value in extra.items():
         if not _ENV_KEY.fullmatch(key):
             raise ValueError(f"env: {key!r} is not a valid variable name")
-        if key.startswith(RESERVED_PREFIXES):
-            raise ValueError(f"env: {key} is set by cgd (CG_* and CUDA_* are reserved)")
         if "\0" in value:
             raise ValueError(f"env: {key}: value must be a string without NUL bytes")

@@ -94,6 +94,17 @@ def test_extra_env_adds_and_overrides_but_not_reserved_names() -> None:
             env_for([GPU0], extra=bad)
 
 
+def test_the_users_own_cuda_variables_pass_and_the_loaders_only_for_other_users() -> None:
+    """One rule with the model's (`requests.env_problem`): only what cgd itself sets is reserved."""
+    env = env_for([GPU0], extra={"CUDA_HOME": "/opt/cuda", "CUDA_CACHE_PATH": "/tmp/c", "LD_PRELOAD": "/x.so"})
+    assert (env["CUDA_HOME"], env["CUDA_CACHE_PATH"], env["LD_PRELOAD"]) == ("/opt/cuda", "/tmp/c", "/x.so")
+    root = OwnerEnv(uid=0, gid=0, user="root", home="/root", path="/usr/bin", lang=None)
+    assert env_for([GPU0], owner=root, extra={"CUDA_HOME": "/opt/cuda"})["CUDA_HOME"] == "/opt/cuda"
+    for key in ("LD_PRELOAD", "LD_LIBRARY_PATH", "GCONV_PATH"):
+        with pytest.raises(ValueError, match=f"env.{key}: not passed to a worker that runs as root"):
+            env_for([GPU0], owner=root, extra={key: "/x"})
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="role"):
         env_for([GPU0], role="leader")
