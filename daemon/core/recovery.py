@@ -77,12 +77,17 @@ async def recover(manager: Manager) -> RecoveryReport:
             log.warning("finished releasing %s, cut short by the previous run", ", ".join(releasing))
             await keeper.durable()
 
-        adopted, to_start, ended = [], [], []
+        adopted, to_start, ended, refused = [], [], [], []
         for ref, w in sorted(keeper.doc.workers.items()):
             comp = keeper.doc.components.get(w.component)
             if comp is None or comp.state == "lost" or comp.state in FINISHED or w.outcome is not None:
                 continue
-            spec = build_spec(keeper.doc, comp, w.replica, w.role, manager.paths, keeper.config)
+            try:
+                spec = build_spec(keeper.doc, comp, w.replica, w.role, manager.paths, keeper.config)
+            except ValueError as exc:  # a state written before a rule existed (LD_PRELOAD for root)
+                log.error("not running %s again: %s", ref, exc)
+                refused.append(ref)  # its process, if alive, is a stray now: stopped below
+                continue
             if w.pid and w.create_time and manager.supervisor.adopt(spec, w.pid, w.create_time):
                 adopted.append(ref)
                 manager.replica_states[ref] = "adopted"
@@ -94,6 +99,8 @@ async def recover(manager: Manager) -> RecoveryReport:
             log.warning("not starting %s again (restart policy never): not running when cgd started",
                         ", ".join(ended))
             manager._end_for_good(ended, Outcome.FAILED, None)
+        if refused:
+            manager._end_for_good(refused, Outcome.FAILED, None)
         counted = [ref for ref in to_start if keeper.doc.workers[ref].pid
                    and keeper.doc.components[keeper.doc.workers[ref].component].spec.restart.mode
                    == RestartMode.ON_FAILURE]

@@ -50,7 +50,7 @@ from computegroups.daemon.model.deployment import (
 from computegroups.daemon.model.enums import ComponentState, GroupState, Role, Scope
 from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
 from computegroups.daemon.model.refs import ReplicaRef, component_of
-from computegroups.daemon.model.requests import ComponentSpec
+from computegroups.daemon.model.requests import ComponentSpec, check_env
 from computegroups.statefiles.schema import ComponentRecord, DeploymentRecord, StateDoc, WorkerRecord
 
 log = logging.getLogger("cgd.deployments")
@@ -244,6 +244,7 @@ class Deployments:
         held = {gid for gid, g in old_plan.groups.items() if gid in doc.groups and doc.groups[gid].owner == g.owner}
         mine = {n for n, c in doc.components.items() if c.deployment == name}
         if change.new is not None:
+            _check_env(change.new, change.owner[0], change.source)
             _check_free(doc, name, plan, mine, held)
         diff = _diff(doc, name, plan, change.new, change.owner, change.source, mine, held)
         if diff.new_groups:
@@ -276,6 +277,16 @@ def _checked(decide: Callable[[], Any], source: str | None = None) -> Any:
         return decide()
     except DeploymentError as exc:
         raise BadRequest(str(exc.within(source) if source and not exc.source else exc)) from None
+
+
+def _check_env(spec: DeploymentSpec, owner_uid: int, source: str | None) -> None:
+    """The model's rule for a worker's environment, for the user the workers run as (the deployment's
+    owner): refused here, before anything is placed, rather than when a worker starts."""
+    for i, c in enumerate(spec.components):
+        try:
+            check_env(c.env, as_root=owner_uid == 0)
+        except ValueError as exc:
+            raise BadRequest(f"{source or spec.name}: components[{i}].{exc}") from None
 
 
 def _check_free(doc: StateDoc, name: str, plan: Plan, mine: set[str], held: set[str]) -> None:

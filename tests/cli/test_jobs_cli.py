@@ -127,3 +127,36 @@ def test_release_takes_a_stop_timeout_for_a_worker_that_ignores_sigterm(cgd: Cgd
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     bad = cgd.cgctl("release", "--all", "--stop-timeout", "1s")
     assert bad.returncode == 2 and "name it" in bad.stderr, bad
+
+
+def test_cuda_variables_of_the_user_reach_the_worker_and_only_cgds_own_are_refused(cgd: Cgd) -> None:
+    """CUDA_HOME is the user's; CUDA_VISIBLE_DEVICES and CG_* are cgd's: refused with --env, before
+    anything is allocated, and dropped from --export-env."""
+    ok(cgd, "allocate", "cuda-home", "--gpus", "1", "--export-env", "--env", "CUDA_HOME=/opt/cuda", "--",
+       "sh", "-c", "echo $CUDA_HOME $CUDA_CACHE_PATH $CUDA_VISIBLE_DEVICES; sleep 60",
+       env={"CUDA_CACHE_PATH": "/tmp/cc", "CUDA_VISIBLE_DEVICES": "7", "CG_GROUP": "lie"})
+    out = cgd.log_dir / "cuda-home" / "0.out"
+    wait_for(lambda: out.exists() and out.read_text().endswith("\n"), "the worker's line")
+    assert out.read_text().split() == ["/opt/cuda", "/tmp/cc", "0"]
+    exported = ok(cgd, "env", "cuda-home")
+    assert "CUDA_VISIBLE_DEVICES=0" in exported and "CUDA_HOME" not in exported, exported
+    for variable in ("CUDA_VISIBLE_DEVICES=3", "CUDA_MPS_PIPE_DIRECTORY=/x", "CG_ROLE=primary"):
+        done = cgd.cgctl("allocate", "liar", "--gpus", "1", "--env", variable, "--", "true")
+        key = variable.split("=")[0]
+        assert done.returncode == 1 and f"env.{key}: " in done.stderr and "set by cgd" in done.stderr, done
+    assert "liar" not in ok(cgd, "list")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="cgd runs workers as root only when it runs as root")
+def test_the_loaders_variables_never_reach_a_root_worker_by_any_path(cgd: Cgd, tmp_path: Path) -> None:
+    done = cgd.cgctl("allocate", "preload", "--gpus", "1", "--env", "LD_PRELOAD=/x.so", "--", "true")
+    assert done.returncode == 1 and "env.LD_PRELOAD: not passed to a worker that runs as root" in done.stderr
+    deployment = tmp_path / "preload.toml"
+    deployment.write_text('name = "pre"\n\n[[components]]\nname = "c"\n'
+                          'command = ["sh", "-c", "echo [$LD_PRELOAD]; sleep 60"]\n'
+                          'env = { LD_PRELOAD = "/x.so", MODEL = "m" }\n')
+    done = cgd.cgctl("apply", "-f", str(deployment))
+    assert done.returncode == 1, done
+    assert "components[0].env.LD_PRELOAD: not passed to a worker that runs as root" in done.stderr, done
+    assert cgd.state()["components"] == {} and cgd.state()["deployments"] == {}
+    assert not (cgd.log_dir / "pre-0-c").exists()
