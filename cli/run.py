@@ -56,7 +56,7 @@ def run(name: str | None, command: tuple[str, ...], explain: bool, cwd: str | No
     with talking():
         component = cgd.create_component(body)
     if component.get("state") == "pending":
-        wait_for_place(cgd, component, timeout)
+        component = wait_for_place(cgd, component, timeout)
     with _signals_held() as previous:
         try:
             if explain:

@@ -160,3 +160,21 @@ def test_the_loaders_variables_never_reach_a_root_worker_by_any_path(cgd: Cgd, t
     assert "components[0].env.LD_PRELOAD: not passed to a worker that runs as root" in done.stderr, done
     assert cgd.state()["components"] == {} and cgd.state()["deployments"] == {}
     assert not (cgd.log_dir / "pre-0-c").exists()
+
+
+def test_run_wait_queues_runs_once_placed_and_explains_the_placed_claim(cgd: Cgd, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    ok(cgd, "allocate", "holder", "--gpus", "8", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done")
+    run = subprocess.Popen(
+        [str(Path(sys.executable).parent / "cgctl"), "run", "--name", "later", "--gpus", "2", "--wait",
+         "--explain", "--", "sh", "-c", "echo devices $CUDA_VISIBLE_DEVICES"],
+        env=cgd.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: "pending #1" in ok(cgd, "list"), "the run's claim queued")
+    go.touch()
+    out, err = run.communicate(timeout=30)
+    assert run.returncode == 0, (out, err)
+    assert "queued later: position 1" in err, err
+    assert "allocated later: 1 replica (allocated)" in err, err
+    assert "why: GPUs" in err and "cgd gave no explanation" not in err, err
+    assert len(out.split()) == 2 and out.split()[1].count(",") == 1, out  # two devices, once placed
+    wait_for(lambda: "later" not in ok(cgd, "list"), "the run's lease released")
