@@ -25,6 +25,7 @@ are a refusal.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -266,8 +267,8 @@ class StateStore:
         log.warning("journal %s ends in a damaged entry (%s), left by a crash before it was acknowledged; "
                     "dropped (kept as %s)", path, parsed.torn, aside)
         try:
-            _write_file(aside, raw[parsed.good_length:])
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            _create(aside, raw[parsed.good_length:])
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 os.ftruncate(fd, parsed.good_length)
                 os.fsync(fd)
@@ -391,9 +392,22 @@ class StateStore:
         except BaseException:
             self._thread_lock.release()
             raise
-        self._in_transaction.open = True
         try:
-            self._holder_path.write_text(f"{os.getpid()}\n")
+            self._record_holder()
+        except BaseException:
+            self._release()
+            raise
+        self._in_transaction.open = True
+
+    def _record_holder(self) -> None:
+        """For the "locked by pid N" of whoever waits next; an existing file is rewritten, never followed."""
+        try:
+            fd = os.open(self._holder_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            try:
+                _write_all(fd, b"%d\n" % os.getpid())
+            finally:
+                os.close(fd)
         except OSError:
             log.debug("could not record the lock holder in %s", self._holder_path, exc_info=True)
 
@@ -489,7 +503,7 @@ class StateStore:
 
     def _journal(self) -> int:
         if self._journal_fd is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+            flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 self._journal_fd = os.open(self.journal_path, flags)
             except FileNotFoundError:
@@ -535,11 +549,8 @@ class StateStore:
         the journals after it holding every entry since the backup, and the journals holding every entry
         since the snapshot: the journal is moved aside only once the snapshot that holds it has its name."""
         staging = self.directory / (STATE_FILE + ".tmp")
-        try:
-            _write_file(staging, payload)
-        except BaseException:
-            staging.unlink(missing_ok=True)  # on a full disk, give the room back
-            raise
+        staging.unlink(missing_ok=True)  # left by a crash, or planted
+        _create(staging, payload)
         source = self.path if read is None else read.source
         if source == self.path and self.path.exists():
             self._keep_backup()
@@ -547,8 +558,8 @@ class StateStore:
             os.replace(self.path, _unused(self.directory / f"{STATE_FILE}.corrupt-{_stamp()}"))
         if read is not None and read.migrated_from is not None and read.raw is not None:
             old = self.directory / f"{STATE_FILE}.v{read.migrated_from}"
-            if not old.exists():
-                _write_file(old, read.raw)
+            with contextlib.suppress(FileExistsError):  # the first upgrade's original is the one kept
+                _create(old, read.raw)
         os.replace(staging, self.path)
 
     def _rotate_journal(self, generation: int, read: _Snapshot | None) -> None:
@@ -584,7 +595,7 @@ class StateStore:
         except OSError as failed:
             if failed.errno not in _NO_HARD_LINKS:
                 raise
-            _write_file(staging, self.path.read_bytes())
+            _create(staging, self.path.read_bytes())
         os.replace(staging, self.backup_path)
 
 
@@ -712,14 +723,23 @@ _REFUSAL_HINT = (
 )
 
 
-def _write_file(path: Path, payload: bytes, sync: bool = True) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+def _create(path: Path, payload: bytes) -> None:
+    """A new file of the state directory, written and fsync'd; removed again if that fails (on a full disk,
+    the room is given back).
+
+    cgd writes here as root: O_EXCL|O_NOFOLLOW never follows a name planted
+    in the directory (a link to a file elsewhere) and never writes into a file
+    it did not create; 0600 because component specs may hold secrets.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         _write_all(fd, payload)
-        if sync:
-            os.fsync(fd)
-    finally:
+        os.fsync(fd)
+    except BaseException:
         os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
 
 
 def _write_all(fd: int, payload: bytes) -> None:
@@ -750,6 +770,6 @@ def _stamp() -> str:
 
 def _unused(path: Path) -> Path:
     candidate, n = path, 1
-    while candidate.exists():
+    while os.path.lexists(candidate):
         candidate, n = path.with_name(f"{path.name}.{n}"), n + 1
     return candidate
