@@ -1,7 +1,8 @@
 """A separate process that uses the state store the way cgd would, for the multi-process tests.
 
-    python child.py write DIR           commit generation after generation, printing each one acknowledged
-                                        (a snapshot every 7 commits)
+    python child.py write DIR SEED      commit generation after generation, printing each one acknowledged
+                                        (a snapshot every 7 commits); about half of them in groups of up to
+                                        GROUP commits made with sync=False and acknowledged after one sync()
     python child.py increment DIR N     after a "go" line on stdin, add 1 to a shared counter N times
     python child.py hold DIR            open a transaction, print "locked", commit when stdin closes
 
@@ -11,6 +12,7 @@ interpreter at an arbitrary instruction, as a crash would.
 
 from __future__ import annotations
 
+import random
 import sys
 
 from msgspec.structs import replace
@@ -54,11 +56,25 @@ def content_for(generation: int, doc: StateDoc | None = None) -> StateDoc:
     return doc
 
 
-def write_forever(store: StateStore) -> None:
+GROUP = 4
+"""The most commits one sync() covers in `write`: a kill may find that many unacknowledged ones on disk."""
+
+
+def write_forever(store: StateStore, seed: int) -> None:
+    rng = random.Random(seed)
     while True:
-        with store.transaction() as doc:
-            content_for(doc.generation + 1, doc)
-        print(doc.generation, flush=True)
+        if rng.random() < 0.5:
+            with store.transaction() as doc:
+                content_for(doc.generation + 1, doc)
+            print(doc.generation, flush=True)
+            continue
+        written = []
+        for _ in range(rng.randint(1, GROUP)):
+            with store.transaction(sync=False) as doc:
+                content_for(doc.generation + 1, doc)
+            written.append(doc.generation)
+        store.sync()
+        print("\n".join(map(str, written)), flush=True)
 
 
 def increment(store: StateStore, times: int) -> None:
@@ -88,7 +104,7 @@ def main(argv: list[str]) -> None:
     # Writes snapshot every few entries, so kills land in appends, snapshots and journal rotations alike.
     store = StateStore(directory, lock_timeout=30.0, snapshot_every=7 if mode == "write" else SNAPSHOT_EVERY)
     if mode == "write":
-        write_forever(store)
+        write_forever(store, int(rest[0]))
     elif mode == "increment":
         increment(store, int(rest[0]))
     elif mode == "hold":
