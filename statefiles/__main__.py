@@ -5,11 +5,14 @@ file holds it: this replays them as cgd does, without taking the lock or
 writing anything, and prints the document (`| jq` reads it). Without DIR it
 reads the directory cgd would use (`--state-dir`, `$CG_STATE_DIR`, the
 mode's default). Exit 1 with the reason when the state does not load.
+What loading notices on the way (a fallback to the backup, an incomplete
+last journal entry left out) goes to stderr, since a person reads this.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import msgspec
@@ -25,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", nargs="?", help="the state directory (default: cgd's)")
     parser.add_argument("--generation", action="store_true", help="print only the generation")
     args = parser.parse_args(argv)
+    notes = logging.StreamHandler(sys.stderr)
+    notes.setFormatter(logging.Formatter(f"{parser.prog}: %(message)s"))
+    logger = logging.getLogger("computegroups.statefiles")
+    logger.addHandler(notes)
+    logger.setLevel(logging.INFO)
     store = StateStore(resolve_state_dir(args.directory))
     if not store.directory.is_dir():
         print(f"python -m computegroups.statefiles: no state directory at {store.directory}", file=sys.stderr)

@@ -256,8 +256,14 @@ class StateStore:
         if raw is None:
             return []
         parsed = journal.parse(raw, str(path))
-        if parsed.torn is not None and locked:
-            self._cut_torn_tail(path, raw, parsed)
+        if parsed.torn is not None:
+            if locked:
+                self._cut_torn_tail(path, raw, parsed)
+            else:
+                # Not a warning: without the lock, this may be an entry being appended at this very moment.
+                log.info("journal %s ends in an incomplete entry (%s): left out. It is being written now, or a "
+                         "crash cut it short before it was acknowledged (then cgd sets it aside when it starts)",
+                         path, parsed.torn)
         return list(parsed.entries)
 
     def _cut_torn_tail(self, path: Path, raw: bytes, parsed: journal.Parsed) -> None:

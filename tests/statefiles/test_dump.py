@@ -38,3 +38,13 @@ def test_a_damaged_state_is_an_error_with_the_reason(store: StateStore) -> None:
     store.path.write_bytes(b"{ not json")
     done = dump(str(store.directory))
     assert done.returncode == 1 and "is unusable" in done.stderr and done.stdout == ""
+
+
+def test_a_torn_last_entry_is_left_out_with_a_note(journaled: StateStore) -> None:
+    commit(journaled, populated_doc())
+    with journaled.journal_path.open("ab") as journal:
+        journal.write(b'{"schema_version": 3, "generation": 2, "dra')
+    done = dump(str(journaled.directory), "--generation")
+    assert done.returncode == 0 and done.stdout == "1\n"
+    assert "ends in an incomplete entry" in done.stderr and str(journaled.journal_path) in done.stderr
+    assert journaled.journal_path.read_bytes().endswith(b'"dra'), "a reader writes nothing"
