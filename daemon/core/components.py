@@ -28,7 +28,7 @@ from computegroups.daemon.core.workers import (
     replica_ref,
     watcher_key,
 )
-from computegroups.daemon.model.enums import ComponentState
+from computegroups.daemon.model.enums import ComponentState, Scope
 from computegroups.daemon.model.errors import BadRequest, Conflict, InsufficientCapacity, NotFound
 from computegroups.daemon.model.requests import ComponentRequest, check_env
 from computegroups.daemon.supervision.asuser import start_problem
@@ -61,10 +61,8 @@ class Components(Jobs):
             try:
                 with self.keeper.transaction() as doc:
                     replace_finished(doc, self.keeper, request.name, caller)
-                    if request.claim is not None and request.name not in doc.reservations:
-                        blocker = self.queue_blocker(doc, request.claim.priority, request.time_limit_s)
-                        if blocker is not None:
-                            raise InsufficientCapacity(f"claim: does not fit now: {blocker}")
+                    if request.name not in doc.reservations:  # a reservation holds its capacity already
+                        self.check_queue(doc, request.claim, request.time_limit_s)
                     comp = new_component_records(doc, self.keeper, request, caller)
                     if request.lease:
                         doc.components[comp.name] = replace(comp, lease_start=start_time(caller.pid))
@@ -79,6 +77,7 @@ class Components(Jobs):
             refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
             await self.start_or_undo(refs, before, f"the workers of {request.name!r}")
             self.arm_time_limit(request.name)
+            self.queue_soon()  # less is free now: the queued claims' reasons are told again
             return self.component(request.name)
 
     async def release(self, caller: Caller, name: str, stop_timeout: float | None = None) -> dict[str, Any]:
@@ -122,10 +121,13 @@ class Components(Jobs):
             if replicas >= old:
                 before = self.doc
                 with self.keeper.transaction() as doc:
+                    if replicas > old and not comp.spec.share_with and comp.spec.scope == Scope.PER_REPLICA:
+                        self.check_queue(doc, comp.spec.claim, self._time_left(comp))  # new groups
                     scale_component(doc, self.keeper, doc.components[name], replicas)
                 fresh = [replica_ref(n, i) for n in members for i in range(old, replicas)]
                 await self.start_or_undo([r for r in fresh if r in self.doc.workers], before,
                                           f"the new replicas of {name!r}")
+                self.queue_soon()
                 return self.component(name)
             check_scale_in(self.doc, comp, replicas)
             gone = [replica_ref(n, i) for n in members for i in range(replicas, old)]
@@ -190,16 +192,20 @@ class Components(Jobs):
         before = self.doc
         with self.keeper.transaction() as doc:
             remove_component(doc, self.keeper, comp.name, {comp.name})
-            blocker = self.queue_blocker(doc, request.claim.priority if request.claim else 0, request.time_limit_s)
-            if request.claim is not None and blocker is not None:
-                raise InsufficientCapacity(f"claim: does not fit now: {blocker}")
+            self.check_queue(doc, request.claim, request.time_limit_s)
             created = new_component_records(doc, self.keeper, request, owner)
             doc.components[comp.name] = replace(created, lease_pid=comp.lease_pid, lease_start=comp.lease_start)
         refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == comp.name)
         await self.start_or_undo(refs, before, f"the workers of {comp.name!r}")
         self.arm_time_limit(comp.name)
+        self.queue_soon()
         log.info("%s placed and started again", comp.name)
         return self.component(comp.name)
+
+    def _time_left(self, comp: ComponentRecord) -> float | None:
+        """How long the component may still run by its time limit; None without one."""
+        limit = comp.spec.time_limit_s
+        return None if limit is None else max(0.0, comp.created + limit - self.keeper.clock())
 
     def _mark_failed(self, name: str, refs: list[str]) -> None:
         """After a start that failed part-way: what did not start is failed, and so is the component."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from computegroups.daemon.core.base import ManagerBase
+from computegroups.daemon.core.jobs import Jobs
 from computegroups.daemon.core.transactions import (
     Caller,
     check_affinity_targets,
@@ -29,12 +29,14 @@ from computegroups.daemon.model.refs import uses
 from computegroups.daemon.model.requests import ReservationRequest
 
 
-class Groups(ManagerBase):
+class Groups(Jobs):
     async def reserve(self, caller: Caller, request: ReservationRequest) -> dict[str, Any]:
         async with self.keeper.lock:
             self.check_idle(request.name)
             with self.keeper.transaction() as doc:
+                self.check_queue(doc, request.claim)  # once taken, a reservation's component may run forever
                 record = new_reservation(doc, self.keeper, request, caller)
+            self.queue_soon()
             return reservation_view(self.doc, self.doc.reservations[record.name])
 
     async def unreserve(self, caller: Caller, name: str) -> dict[str, Any]:
@@ -51,6 +53,7 @@ class Groups(ManagerBase):
         async with self.keeper.lock:
             with self.keeper.transaction() as doc:
                 check_affinity_targets(doc, claim)
+                self.check_queue(doc, claim)
                 n = max([int(g.split(".", 1)[1]) for g in doc.groups if g.startswith("group.")] + [0]) + 1
                 gid = f"group.{n}"
                 (placement,) = self.keeper.place(doc, claim, [gid], f"@{caller.uid}")
@@ -60,6 +63,7 @@ class Groups(ManagerBase):
                     owner_uid=caller.uid, owner_gid=caller.gid, users=(), scope=Scope.ALL_REPLICAS,
                     replica=None, state=GroupState.ALLOCATED, created=self.keeper.clock(),
                 )
+            self.queue_soon()
             return group_view(self.doc, self.doc.groups[gid])
 
     async def delete_group(self, caller: Caller, gid: str) -> dict[str, Any]:

@@ -14,8 +14,10 @@ from msgspec.structs import replace
 
 from computegroups.daemon.core.base import ManagerBase, log
 from computegroups.daemon.core.jobstate import end_replica, finish_if_done, queued_request
-from computegroups.daemon.core.queue import FINISHED, head_start, may_backfill, queue_order
+from computegroups.daemon.core.queue import FINISHED, ahead_of, head_start, may_backfill, queue_order
 from computegroups.daemon.core.transactions import component_or_404, new_component_records, remove_component
+from computegroups.daemon.core.views import user_name
+from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.enums import ComponentState, Outcome
 from computegroups.daemon.model.errors import InsufficientCapacity, ManagerError
 from computegroups.daemon.supervision.proctree import is_alive
@@ -31,16 +33,28 @@ class Jobs(ManagerBase):
 
     def queue_blocker(self, doc: StateDoc, claim_priority: int, time_limit_s: float | None) -> str | None:
         """Why a new claim that fits must still wait behind the queue; None when it may go now."""
-        ahead = [c for c in queue_order(doc) if (c.spec.claim.priority if c.spec.claim else 0) >= claim_priority]
+        ahead = ahead_of(doc, claim_priority)
         if not ahead:
             return None
         head_at = self.head_start_time(doc, ahead[0])
         if may_backfill(time_limit_s, self.keeper.clock(), head_at):
             return None
         return (f"{len(ahead)} queued claim{'s' if len(ahead) > 1 else ''} of this priority or higher "
-                f"go first (the first is {ahead[0].name!r})"
+                f"go first (the first is {ahead[0].name!r} of {user_name(ahead[0].owner_uid)})"
                 + ("" if time_limit_s is not None else "; a claim with a time limit that ends before "
                    "they can start may go around them"))
+
+    def check_queue(self, doc: StateDoc, claim: Claim | None, time_limit_s: float | None = None) -> None:
+        """Inside a transaction, before capacity is taken for `claim`: refuse it while queued claims of
+        its priority or higher wait, unless it is sure to end (`time_limit_s` from now) before the head
+        can start. Every path that takes capacity asks this (a component, its scale-out, a reservation,
+        a group, a deployment's new groups), so nothing starves the head of the queue; the refusal is
+        the one a claim that does not fit gets, so a caller that may wait queues instead."""
+        if claim is None:
+            return
+        blocker = self.queue_blocker(doc, claim.priority, time_limit_s)
+        if blocker is not None:
+            raise InsufficientCapacity(f"claim: does not fit now: {blocker}")
 
     def queue_soon(self) -> None:
         """Place what the queue holds once the current operation lets the lock go.
@@ -73,8 +87,12 @@ class Jobs(ManagerBase):
             now = self.keeper.clock()
             with self.keeper.transaction() as doc:
                 head_at: float | None = None
+                head = order[0]
                 for queued in order:
                     if head_at is not None and not may_backfill(queued.spec.time_limit_s, now, head_at):
+                        reason = behind_reason(head, queued, head_at, now)
+                        if reason != queued.pending_reason:
+                            doc.components[queued.name] = replace(queued, pending_reason=reason)
                         continue
                     request, caller = queued_request(queued)
                     del doc.components[queued.name]
@@ -83,7 +101,7 @@ class Jobs(ManagerBase):
                     except InsufficientCapacity as exc:
                         doc.components[queued.name] = replace(queued, pending_reason=str(exc))
                         if head_at is None:
-                            head_at = self.head_start_time(doc, queued)
+                            head, head_at = queued, self.head_start_time(doc, queued)
                         continue
                     except ManagerError as exc:
                         doc.components[queued.name] = replace(
@@ -185,3 +203,13 @@ class Jobs(ManagerBase):
             if reached or left <= 0:
                 return {"reached": reached, "component": self.component(name)}
             await self.keeper.changed(min(left, 5.0))
+
+
+def behind_reason(head: ComponentRecord, queued: ComponentRecord, head_at: float, now: float) -> str:
+    """Why a queued claim is not even tried while the head waits: it could delay the head's start."""
+    who = f"{head.name!r} of {user_name(head.owner_uid)}, first in the queue,"
+    limit = queued.spec.time_limit_s
+    if limit is None:
+        return f"waits behind {who} (a claim without a time limit never goes around it)"
+    when = "can start" if math.isinf(head_at) else f"can start in {max(0.0, head_at - now):.0f}s"
+    return f"waits behind {who} which {when}: its time limit ({limit:g}s) would end later"

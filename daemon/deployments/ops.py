@@ -248,8 +248,12 @@ class Deployments:
             _check_free(doc, name, plan, mine, held)
         diff = _diff(doc, name, plan, change.new, change.owner, change.source, mine, held)
         if diff.new_groups:
+            assert diff.spec is not None, "only a deployment that stays gets new groups"
+            lowest = min((diff.spec.claim(plan.groups[gid].claim) for gid in diff.new_groups),
+                         key=lambda claim: claim.priority)
             try:
                 with self.keeper.transaction() as trial:
+                    self.manager.check_queue(trial, lowest)  # services: no time limit, never backfilled
                     _decide(trial, self.keeper, diff)
                     raise _Trial
             except _Trial:
@@ -259,6 +263,8 @@ class Deployments:
     def _commit(self, diff: _Diff) -> None:
         with self.keeper.transaction() as txn:
             _decide(txn, self.keeper, diff)
+        if diff.new_groups:
+            self.manager.queue_soon()  # less is free now: the queued claims' reasons are told again
         if diff.stale_groups or diff.new_groups:
             log.info("deployment %s: %d groups created, %d deleted", diff.name, len(diff.new_groups),
                      len(diff.stale_groups))

@@ -200,3 +200,33 @@ def test_after_a_reboot_jobs_start_again_by_their_policy(start_cgd) -> None:
         wait_for(functools.partial(runs_are, cgd.log_dir / name / "0.out", 2), f"{name} started again")
         replica = component(cgd, name)["replicas"][0]
         assert replica["state"] == "running" and replica["restarts"] == restarts, replica
+
+
+def test_no_path_that_takes_capacity_jumps_the_queue(cgd: Cgd, tmp_path: Path) -> None:
+    """A reservation, a group, a scale-out and a deployment wait behind a queued head as allocate does;
+    a higher priority goes first, and the head's reason follows what is free."""
+    allocate(cgd, {"name": "small", "claim": {"gpus": 1}})
+    allocate(cgd, {"name": "holder", "claim": {"gpus": 5}})
+    head = allocate(cgd, {"name": "head", "claim": {"gpus": 8}, "wait": True, "detach": True})
+    assert head["state"] == "pending" and "2 free" in head["queue"]["reason"], head
+    behind = allocate(cgd, {"name": "behind", "claim": {"gpus": 1}, "wait": True, "detach": True})
+    assert behind["state"] == "pending"
+    for method, path, body in (
+        ("POST", "/v1/reservations", {"name": "r", "claim": {"gpus": 1}}),
+        ("POST", "/v1/groups", {"claim": {"gpus": 1}}),
+        ("POST", "/v1/components/small/scale", {"replicas": 2}),
+    ):
+        status, reply = cgd.request(method, path, body)
+        assert status == 409 and "'head'" in reply["error"]["message"], (path, status, reply)
+    deployment = tmp_path / "svc.toml"
+    deployment.write_text('name = "svc"\n\n[[claims]]\nname = "one"\ngpus = 1\n\n'
+                          '[[components]]\nname = "c"\nsharing = [{claim = "one", scope = "per-replica"}]\n')
+    done = cgd.cgctl("apply", "-f", str(deployment))
+    assert done.returncode == 1 and "'head'" in done.stderr, done
+    state = cgd.state()
+    assert set(state["groups"]) == {"small-0", "holder-0"} and not state["reservations"], state["groups"]
+    status, reply = cgd.request("POST", "/v1/reservations", {"name": "urgent", "claim": {"gpus": 1, "priority": 5}})
+    assert status == 201, reply  # a higher priority is not behind the head
+    wait_for(lambda: "1 free" in (component(cgd, "head")["queue"]["reason"] or ""), "the head's reason told again")
+    reason = component(cgd, "behind")["queue"]["reason"]
+    assert "waits behind 'head'" in reason and "without a time limit" in reason, reason
