@@ -11,11 +11,17 @@ link), renamed over `state.json`, the journal it holds moved aside as
 snapshot. A reader takes no lock: it reads the journals before the snapshot,
 so a snapshot written meanwhile only makes it skip entries it already has.
 
+Every generation is one journal line, a rewrite that changes nothing too,
+so the backup and the journals after it reach every change. A commit that
+fails before its snapshot takes its name cuts its line off again: no later
+load finds a change its caller was told is refused.
+
 A commit may leave its fsync to a later `sync()` (`transaction(sync=False)`),
 so that changes committed while one fsync runs share the next (group
 commit). Until then the change is visible but not durable: nothing may act
-on it. A crash can only cut the journal's last, unsynced, line short; that
-line is dropped loudly and was never acknowledged.
+on it, and nothing calls it durable without an fsync that covers it. A
+crash may lose the unsynced entries or leave the last of them torn; a torn
+last line is dropped loudly. None of them was acknowledged.
 
 Loading never makes up an empty state: only a directory with neither the
 state file nor its backup is new. A bad state file falls back to the backup
