@@ -149,7 +149,8 @@ class StateStore:
         return f"StateStore({str(self.directory)!r})"
 
     def close(self) -> None:
-        """Let go of the journal's file descriptor (the next transaction opens it again)."""
+        """Let go of the journal's file descriptor (the next transaction opens it again), fsync'ing first
+        what is written and not yet durable; a failure of that fsync is a StateError, as from `sync()`."""
         with self._thread_lock:
             self._close_journal()
 

@@ -194,3 +194,15 @@ def test_a_failed_commit_after_an_unsynced_one_does_not_let_sync_skip_its_fsync(
     assert store.durable_generation == 2
     loaded = StateStore(store.directory).load()
     assert (loaded.generation, loaded.drained) == (2, ("GPU-unsynced",))
+
+
+def test_closing_the_store_makes_what_it_wrote_durable(journaled: StateStore,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    store = journaled
+    commit(store, populated_doc())
+    with store.transaction(sync=False) as doc:
+        doc.drained = ()
+    calls = _fsyncs(monkeypatch)
+    store.close()
+    store.sync()
+    assert calls == ["file"] and store.durable_generation == 2
