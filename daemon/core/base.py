@@ -68,8 +68,11 @@ class ManagerBase:
         if exc is not None:
             log.error("handling a worker event failed: %s", exc, exc_info=exc)
 
-    async def start_workers(self, refs: list[str]) -> None:
-        """Start workers the state already asks for, once that is durable, then record their pids."""
+    async def start_workers(self, refs: list[str], resume: bool = False) -> None:
+        """Start workers the state already asks for, once that is durable, then record their pids.
+
+        `resume`: workers of an earlier cgd that ended while none ran (recovery): their failures
+        in a row still count towards max_retries."""
         if not refs:
             return
         await self.keeper.durable()
@@ -79,7 +82,7 @@ class ManagerBase:
             comp = self.doc.components[w.component]
             write_role(self.paths, comp.name, w.replica, w.role, comp.owner_uid, comp.owner_gid)
             spec = build_spec(self.doc, comp, w.replica, w.role, self.paths, self.config)
-            started[ref] = await self.supervisor.start_worker(spec)
+            started[ref] = await self.supervisor.start_worker(spec, resume=resume)
             self.replica_states[ref] = "running"
         with self.keeper.transaction() as doc:
             for ref, ev in started.items():
@@ -107,7 +110,7 @@ class ManagerBase:
             if self.supervisor.is_running(key) or self.supervisor.supervises(key):
                 await self.supervisor.stop_worker(key, timeout=timeout)
             elif w.pid and w.create_time:
-                await self.supervisor.stop_stray(w.pid, w.create_time, 10.0 if timeout is None else timeout)
+                await self.supervisor.stop_stray(w.pid, w.create_time, 10.0 if timeout is None else timeout, key)
             self.replica_states.pop(ref, None)
 
         try:
@@ -225,9 +228,11 @@ class ManagerBase:
     def _pids(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for ref, w in self.doc.workers.items():
-            live = self.supervisor.pids(watcher_key(w.component, w.replica))
-            if live:
-                out[ref] = live
+            key = watcher_key(w.component, w.replica)
+            if self.supervisor.supervises(key):  # the worker's own pid, not its launch shim's
+                live = self.supervisor.pids(key)
+                if live:
+                    out[ref] = live
             elif w.pid:
                 out[ref] = [w.pid]
         return out

@@ -67,7 +67,7 @@ async def recover(manager: Manager) -> RecoveryReport:
         await keeper.durable()
         releasing = [c.name for c in keeper.doc.components.values() if c.state == "releasing"]
         await asyncio.gather(*(
-            manager.supervisor.stop_stray(w.pid, w.create_time, 10.0)
+            manager.supervisor.stop_stray(w.pid, w.create_time, 10.0, watcher_key(w.component, w.replica))
             for w in keeper.doc.workers.values() if w.component in releasing and w.pid and w.create_time
         ))
         if releasing:
@@ -121,7 +121,7 @@ async def recover(manager: Manager) -> RecoveryReport:
             log.warning("stopping pid %d (%s): the state says it should not run", pid, ref)
         await asyncio.gather(*(manager.supervisor.stop_stray(pid, start, 10.0) for pid, start, _ in strays))
 
-        await manager.start_workers(to_start)
+        await manager.start_workers(to_start, resume=True)
     for name, comp in keeper.doc.components.items():
         if comp.state not in FINISHED and comp.spec.time_limit_s is not None and comp.state != "pending":
             manager.arm_time_limit(name)

@@ -1,8 +1,24 @@
 """The first program of every worker: `python -I -S .../launch.pyc SPEC_FILE` (see `shim_argv`).
 
 circus starts this shim; the shim opens the worker's log files, becomes the
-worker's user, and then execs the worker's command in place, so the pid
-circus tracks IS the worker and signals reach it directly.
+worker's user, forks the worker's command and stays as its parent, to
+write how the worker ended into a status file (`read_status`) and exit the
+same way. A worker's exit status is known only to its parent: after a
+kill -9 of cgd, the next cgd adopts the workers but is nobody's parent, and
+without the shim it could not tell a job that exited 0 from one that
+failed. The shim:
+
+- puts the worker in a process group of its own, which cgd signals to stop
+  the worker and everything it spawned; the shim is not in it, so it never
+  receives that signal and cannot pass it on a second time;
+- passes every other signal it receives on to the worker alone (a
+  promotion signal, a `kill` of the shim's pid), the way it was sent;
+- stays tiny: it waits in `sigwaitinfo`, doing nothing until a signal or
+  the worker's end; it writes the status with one write into a file it
+  opened while still privileged (cgd's private directory), then exits
+  with the worker's status or dies of the worker's signal.
+
+Without a status file in the spec it execs the command in place instead.
 
 Why a shim rather than circus's own options:
 
@@ -54,23 +70,25 @@ SPEC_MODE = 0o600
 SPEC_SUFFIX = ".spec"
 EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
-_FORMAT = "cg-launch-1"
+STATUS_MODE = 0o600
+_FORMAT = "cg-launch-2"
 """The first field of every spec: a shim never execs a file it does not understand."""
 _ENCODING = ("utf-8", "surrogateescape")
 """As `os.fsencode` on Linux: any bytes of a path or argument go through unchanged."""
 
 
 class LaunchSpec:
-    """What the shim needs: the command, its complete environment, its user
-    and its log files. Encoded as `cg-launch-1`, uid, gid, stdout, stderr,
-    cwd (empty for none), the number of arguments, the arguments, then one
-    `KEY=VALUE` per variable, separated by NUL (no field can hold one: the
-    kernel takes every one of them as a C string)."""
+    """What the shim needs: the command, its complete environment, its user,
+    its log files and where to write how it ended. Encoded as `cg-launch-2`,
+    uid, gid, stdout, stderr, cwd (empty for none), status file (empty for
+    none), the number of arguments, the arguments, then one `KEY=VALUE` per
+    variable, separated by NUL (no field can hold one: the kernel takes every
+    one of them as a C string)."""
 
-    __slots__ = ("argv", "cwd", "env", "gid", "stderr", "stdout", "uid")
+    __slots__ = ("argv", "cwd", "env", "gid", "status", "stderr", "stdout", "uid")
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], uid: int, gid: int,
-                 stdout: str, stderr: str, cwd: str | None = None) -> None:
+                 stdout: str, stderr: str, cwd: str | None = None, status: str | None = None) -> None:
         self.argv = tuple(argv)
         self.env = dict(env)
         self.uid = uid
@@ -78,6 +96,7 @@ class LaunchSpec:
         self.stdout = stdout
         self.stderr = stderr
         self.cwd = cwd
+        self.status = status
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LaunchSpec) and self._fields() == other._fields()
@@ -95,7 +114,7 @@ class LaunchSpec:
             if not key or "=" in key:
                 raise ValueError(f"environment variable name {key!r} is empty or holds '='")
         fields = [_FORMAT, str(self.uid), str(self.gid), self.stdout, self.stderr, self.cwd or "",
-                  str(len(self.argv)), *self.argv, *(f"{k}={v}" for k, v in self.env.items())]
+                  self.status or "", str(len(self.argv)), *self.argv, *(f"{k}={v}" for k, v in self.env.items())]
         if any("\0" in f for f in fields):
             raise ValueError("no argument, variable or path may hold a NUL byte")
         return "\0".join(fields).encode(*_ENCODING)
@@ -103,10 +122,10 @@ class LaunchSpec:
     @classmethod
     def decode(cls, data: bytes) -> LaunchSpec:
         fields = data.decode(*_ENCODING).split("\0")
-        if len(fields) < 8 or fields[0] != _FORMAT:
+        if len(fields) < 9 or fields[0] != _FORMAT:
             raise ValueError(f"not a {_FORMAT} spec")
-        count = int(fields[6])
-        argv, variables = fields[7:7 + count], fields[7 + count:]
+        count = int(fields[7])
+        argv, variables = fields[8:8 + count], fields[8 + count:]
         if count < 1 or len(argv) != count:
             raise ValueError("argv must be a non-empty list of strings")
         env = {}
@@ -116,7 +135,7 @@ class LaunchSpec:
                 raise ValueError(f"environment entry {item!r} is not KEY=VALUE")
             env[key] = value
         return cls(argv=argv, env=env, uid=int(fields[1]), gid=int(fields[2]),
-                   stdout=fields[3], stderr=fields[4], cwd=fields[5] or None)
+                   stdout=fields[3], stderr=fields[4], cwd=fields[5] or None, status=fields[6] or None)
 
 
 def compile_shim(directory: str) -> str:
@@ -148,6 +167,39 @@ def write_spec(path: str, spec: LaunchSpec) -> None:
     os.replace(tmp, path)
 
 
+class ShimStatus:
+    """What a status file says: the shim's pid, its worker's, and once the worker has ended its
+    exit code (negative: the signal that ended it)."""
+
+    __slots__ = ("code", "shim", "worker")
+
+    def __init__(self, shim: int, worker: int, code: int | None) -> None:
+        self.shim = shim
+        self.worker = worker
+        self.code = code
+
+    def __repr__(self) -> str:
+        return f"ShimStatus(shim={self.shim}, worker={self.worker}, code={self.code})"
+
+
+def read_status(path: str) -> ShimStatus | None:
+    """The status file the shim writes (`SHIM WORKER` once it forked the worker, `SHIM WORKER CODE`
+    once the worker ended); None when there is none, or not a whole line of one."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(128)
+    except OSError:
+        return None
+    fields = data.split()
+    if not data.endswith(b"\n") or len(fields) not in (2, 3):
+        return None
+    try:
+        numbers = [int(f) for f in fields]
+    except ValueError:
+        return None
+    return ShimStatus(numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else None)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
@@ -158,19 +210,82 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except (OSError, ValueError) as exc:
         _die(f"cannot read launch spec {args[0]}: {exc}", EXIT_CANNOT_RUN)
     _redirect_output(spec)
+    status = _open_status(spec.status) if spec.status else -1
     try:
         become(spec.uid, spec.gid)
         os.chdir(spec.cwd or spec.env.get("HOME") or "/")
     except OSError as exc:
         _die(f"cannot switch to uid {spec.uid}, gid {spec.gid}, cwd {spec.cwd!r}: {exc}", EXIT_CANNOT_RUN)
     _reset_signals()
-    _close_other_descriptors()
+    _close_other_descriptors(status)
+    if status < 0:
+        _exec(spec)
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)  # from before the fork: no signal is missed
+    worker = os.fork()
+    if worker == 0:
+        os.setpgid(0, 0)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
+        _exec(spec)
+    try:
+        os.setpgid(worker, worker)  # the child does it too: whichever runs first, the group exists now
+    except OSError:
+        pass  # the child has exec'd already, and so has its group
+    os.write(status, f"{os.getpid()} {worker}\n".encode())
+    code = _wait_passing_signals(worker)
+    os.pwrite(status, f"{os.getpid()} {worker} {code}\n".encode(), 0)
+    _exit_like(code)
+
+
+def _exec(spec: LaunchSpec) -> NoReturn:
     try:
         os.execvpe(spec.argv[0], list(spec.argv), spec.env)
     except FileNotFoundError:
         _die(f"cannot run {spec.argv[0]!r}: not found (PATH={spec.env.get('PATH', '')})", EXIT_NOT_FOUND)
     except OSError as exc:
         _die(f"cannot run {spec.argv[0]!r}: {exc}", EXIT_CANNOT_RUN)
+
+
+_SYNCHRONOUS = {_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGILL, _signal.SIGFPE, _signal.SIGTRAP, _signal.SIGSYS}
+"""Raised by the shim's own faults, never sent: left unblocked, so such a fault ends the shim."""
+_PASSED_ON = _signal.valid_signals() - {_signal.SIGKILL, _signal.SIGSTOP, _signal.SIGCHLD} - _SYNCHRONOUS
+_WAITED = _PASSED_ON | {_signal.SIGCHLD}
+_DUMPS_CORE = {_signal.SIGQUIT, _signal.SIGABRT, _signal.SIGXCPU, _signal.SIGXFSZ} | _SYNCHRONOUS
+"""Signals whose default action dumps core: the shim exits 128+N rather than leave a core of itself."""
+
+
+def _wait_passing_signals(worker: int) -> int:
+    """Pass each signal the shim receives on to the worker until it ends; its exit code
+    (negative: the signal that ended it)."""
+    while True:
+        info = _signal.sigwaitinfo(_WAITED)
+        if info.si_signo != _signal.SIGCHLD:
+            try:
+                os.kill(worker, info.si_signo)
+            except ProcessLookupError:
+                pass  # it ended: the SIGCHLD is pending
+            continue
+        pid, wait_status = os.waitpid(worker, os.WNOHANG)
+        if pid == worker:
+            return os.waitstatus_to_exitcode(wait_status)
+
+
+def _exit_like(code: int) -> NoReturn:
+    """End the way the worker ended, so cgd, when it is the shim's parent, reads the same status."""
+    if code >= 0 or -code in _DUMPS_CORE:
+        os._exit(code if code >= 0 else 128 - code)
+    _signal.signal(-code, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {-code})
+    os.kill(os.getpid(), -code)
+    os._exit(128 - code)  # a signal whose default is to be ignored: say it as a shell would
+
+
+def _open_status(path: str) -> int:
+    """Opened while still privileged, in cgd's private directory the worker's user cannot enter;
+    emptied, so nothing of an earlier run can be read as this one's."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, STATUS_MODE)
+    except OSError as exc:
+        _die(f"cannot open the status file {path}: {exc}", EXIT_CANNOT_RUN)
 
 
 def _redirect_output(spec: LaunchSpec) -> None:
@@ -223,12 +338,13 @@ def _reset_signals() -> None:
     _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
 
 
-def _close_other_descriptors() -> None:
-    """The worker gets 0, 1 and 2 only. Listed rather than closed by range:
-    RLIMIT_NOFILE can be a billion in containers, and closerange falls back
-    to one close() per number on kernels without close_range."""
+def _close_other_descriptors(keep: int) -> None:
+    """The worker gets 0, 1 and 2 only (the shim keeps `keep`, its status file,
+    which closes on exec). Listed rather than closed by range: RLIMIT_NOFILE
+    can be a billion in containers, and closerange falls back to one close()
+    per number on kernels without close_range."""
     for name in os.listdir("/proc/self/fd"):
-        if int(name) > 2:
+        if int(name) > 2 and int(name) != keep:
             try:
                 os.close(int(name))
             except OSError:

@@ -95,20 +95,35 @@ class ProcessHandle:
     """`group` is the process group the process led when the handle was
     opened (circus starts every worker in a session of its own), None if it
     led none: kept so that what is left of the group can still be reached
-    once the leader is gone."""
+    once the leader is gone.
+
+    A launch shim (launch.py) does not lead the group that matters: its
+    worker leads one of its own. `find_group` names it once it exists
+    (None until then: what is sent to the group goes to the shim, which
+    passes it on)."""
 
     def __init__(self, pid: int, create_time: float, pidfd: int | None, child: bool,
-                 group: int | None = None) -> None:
+                 group: int | None = None, find_group: Callable[[], int | None] | None = None) -> None:
         self.pid = pid
         self.create_time = create_time
         self.child = child
-        self.group = group
+        self._group = group
+        self._find_group = find_group
         self._pidfd = pidfd
         self._loop: asyncio.AbstractEventLoop | None = None
         self._poller: asyncio.TimerHandle | None = None
 
+    @property
+    def group(self) -> int | None:
+        if self._find_group is not None:
+            found = self._find_group()
+            if found is not None:
+                self._group, self._find_group = found, None
+        return self._group
+
     @classmethod
-    def open(cls, pid: int, create_time: float | None = None, *, child: bool = False) -> ProcessHandle | None:
+    def open(cls, pid: int, create_time: float | None = None, *, child: bool = False,
+             find_group: Callable[[], int | None] | None = None) -> ProcessHandle | None:
         """A handle on `pid` if it lives and, when `create_time` is given,
         started then; else None. The start time is read after the pidfd is
         opened, so the pidfd is known to point at that very process."""
@@ -123,6 +138,8 @@ class ProcessHandle:
             if pidfd is not None:
                 os.close(pidfd)
             return None
+        if find_group is not None:
+            return cls(pid, actual, pidfd, child, None, find_group)
         return cls(pid, actual, pidfd, child, pid if _leads_group(pid) else None)
 
     def alive(self) -> bool:
@@ -158,12 +175,13 @@ class ProcessHandle:
         is signalled while the leader lives (its pid, the group id, can then
         belong to no one else) or, once it is gone, while the group still
         has members (see `group_members`). False if nothing was signalled."""
-        if self.group is None:
+        group = self.group
+        if group is None:
             return self.send(signum)
-        if not self.alive() and not group_members(self.group):
+        if not self.alive() and not group_members(group):
             return False
         try:
-            os.killpg(self.group, signum)
+            os.killpg(group, signum)
         except ProcessLookupError:
             return self.send(signum)
         return True
@@ -171,9 +189,10 @@ class ProcessHandle:
     def group_left(self) -> list[int]:
         """The pids still running of the process and of the group it led:
         it has stopped only once this is empty."""
-        if self.group is None:
+        group = self.group
+        if group is None:
             return [self.pid] if self.alive() else []
-        return group_members(self.group)
+        return group_members(group)
 
     def watch(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[], None]) -> None:
         """Call `on_exit` once, from `loop`, when the process exits."""

@@ -13,8 +13,12 @@ decides everything else:
 - restarts follow the worker's `RestartPolicy` (exponential backoff, give up
   after `max_retries` consecutive quick failures); `on_start` reports every
   new pid and its start time, which the manager records;
-- a worker found alive after cgd died is adopted: watched through its pidfd,
-  never restarted while it lives, started fresh under circus once it exits;
+- a worker found alive after cgd died is adopted: its launch shim watched
+  through its pidfd, never restarted while it lives, started fresh under
+  circus once it exits; its exit status is the one the shim wrote into the
+  worker's status file (the shim is the worker's parent, cgd no longer is);
+- the count of quick failures in a row is kept beside the status file, so a
+  cgd started again (not a reboot) goes on counting towards `max_retries`;
 - stopping signals the worker's whole process group and waits until none
   of it is left (a child that outlives the worker keeps its GPU memory),
   then SIGKILLs what is left after the stop timeout.
@@ -42,9 +46,17 @@ from circus.process import Process
 from circus.watcher import Watcher
 
 from computegroups.daemon.model.enums import RestartMode
+from computegroups.daemon.paths import own_dir
 from computegroups.daemon.supervision import worklogs
 from computegroups.daemon.supervision.arbiter import LoopArbiter
-from computegroups.daemon.supervision.launch import SPEC_SUFFIX, LaunchSpec, compile_shim, shim_argv, write_spec
+from computegroups.daemon.supervision.launch import (
+    SPEC_SUFFIX,
+    LaunchSpec,
+    compile_shim,
+    read_status,
+    shim_argv,
+    write_spec,
+)
 from computegroups.daemon.supervision.processes import ProcessHandle, start_time
 from computegroups.daemon.supervision.proctree import marked_processes
 
@@ -66,6 +78,10 @@ our children: kept referenced so that subprocess's finalizer neither reaps
 them nor warns that they still run."""
 
 T = TypeVar("T")
+STATUS_DIR = "workers"
+"""Under the runtime directory, mode 0700: each worker's status file (`<key>.status`, written by its
+launch shim) and its count of failures in a row (`<key>.failures`). Not in circus's directory, which
+may be a temporary one that a restarted cgd would not find."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +101,11 @@ class RestartPolicy:
         return float(min(self.backoff_s * 2 ** max(0, failures - 1), self.backoff_max_s))
 
     def wants_restart(self, returncode: int | None) -> bool:
-        """Whether an exit with `returncode` (None: unknown, as for an adopted worker) calls for another run."""
+        """Whether an exit with `returncode` calls for another run.
+
+        None (unknown) happens only when the launch shim itself was killed
+        (or for a worker of a cgd from before the shim wrote statuses): a
+        kill, so a failure for `on-failure`."""
         if self.mode == RestartMode.ALWAYS:
             return True
         return self.mode == RestartMode.ON_FAILURE and returncode != 0
@@ -115,14 +135,15 @@ class WorkerSpec:
 def describe_exit(returncode: int | None, *, adopted: bool = False) -> str:
     """`status N`, `signal NAME`, or why the status is unknown.
 
-    An adopted worker is not cgd's child, so its status cannot be read; a
-    restart that could not fork has none.
+    An adopted worker's status comes from its launch shim's status file; it
+    is unknown when the shim was killed itself. A restart that could not
+    fork has none.
 
     >>> describe_exit(3), describe_exit(-9), describe_exit(None, adopted=True)
-    ('status 3', 'signal SIGKILL', 'an unknown status (adopted from an earlier cgd, not its child)')
+    ('status 3', 'signal SIGKILL', 'an unknown status (its launch shim was killed)')
     """
     if returncode is None:
-        return ("an unknown status (adopted from an earlier cgd, not its child)" if adopted
+        return ("an unknown status (its launch shim was killed)" if adopted
                 else "no status (it could not be started)")
     if returncode < 0:
         try:
@@ -135,8 +156,8 @@ def describe_exit(returncode: int | None, *, adopted: bool = False) -> str:
 @dataclass(frozen=True)
 class WorkerExit:
     """`returncode` is negative when a signal killed it, None when unknown
-    (an adopted process is not our child) or when pid is 0: a restart that
-    could not even fork."""
+    (its launch shim was killed) or when pid is 0: a restart that could not
+    even fork. `pid` is the launch shim's, the process cgd watches."""
 
     key: str
     pid: int
@@ -165,6 +186,9 @@ class _Run:
     handle: ProcessHandle
     process: Process | None
     exited: asyncio.Future[int | None]
+    shim: bool = True
+    """The process is a launch shim that writes the worker's status (every run but one adopted from
+    a cgd of before)."""
 
 
 @dataclass(eq=False)
@@ -186,6 +210,7 @@ class Supervisor:
     def __init__(self, runtime_dir: Path, on_exit: Callable[[WorkerExit], None],
                  on_start: Callable[[WorkerStart], None] | None = None) -> None:
         self._runtime_dir = Path(runtime_dir)
+        self._status_dir = self._runtime_dir / STATUS_DIR
         self._on_exit = on_exit
         self._on_start = on_start
         self._workers: dict[str, _Worker] = {}
@@ -200,7 +225,8 @@ class Supervisor:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._arbiter = LoopArbiter(self._runtime_dir)
+        self._arbiter = LoopArbiter(self._runtime_dir)  # makes the runtime directory if need be
+        own_dir(self._status_dir, 0o700)
         self._shim = compile_shim(str(self._arbiter.directory))
         await self._arbiter.start()
 
@@ -229,10 +255,14 @@ class Supervisor:
             self._arbiter.close()
             self._arbiter = None
 
-    async def start_worker(self, spec: WorkerSpec) -> WorkerStart:
+    async def start_worker(self, spec: WorkerSpec, resume: bool = False) -> WorkerStart:
         """Start `spec` under circus; returns once the process exists (it
-        may still be loading). The key must not be supervised already."""
+        may still be loading). The key must not be supervised already.
+        `resume`: a worker of an earlier cgd that died meanwhile, whose
+        failures in a row still count; else it starts with none."""
         worker = self._new_worker(spec)
+        worker.failures = self._failures_kept(spec.key) if resume else 0
+        self._keep_failures(worker)
         for path in {spec.stdout_path, spec.stderr_path}:
             worklogs.prepare_log_file(path, spec.uid, spec.gid)
         self._workers[spec.key] = worker
@@ -272,19 +302,26 @@ class Supervisor:
         the pid is the one already recorded. Once it exits, `on_exit` is
         called and it is started fresh per its restart policy."""
         worker = self._new_worker(spec)
-        handle = ProcessHandle.open(pid, create_time)
+        status = read_status(self._status_file(spec.key))
+        shim = status is not None and status.shim == pid
+        handle = ProcessHandle.open(pid, create_time, find_group=self._worker_finder(spec.key, pid) if shim else None)
         if handle is None:
             return False
-        worker.run = self._watch(worker, handle, None)
+        worker.failures = self._failures_kept(spec.key)
+        worker.run = self._watch(worker, handle, None, shim=shim)
         self._workers[spec.key] = worker
         return True
 
-    async def stop_stray(self, pid: int, create_time: float, timeout: float = 10.0) -> bool:
+    async def stop_stray(self, pid: int, create_time: float, timeout: float = 10.0, key: str | None = None) -> bool:
         """Stop a process of a previous run that state says should not run,
         with its group, as `stop_worker` does (SIGTERM, SIGKILL after
         `timeout`). False if it was already gone or the pid now belongs to
-        another process."""
-        handle = ProcessHandle.open(pid, create_time)
+        another process. With the worker's `key`, a launch shim's worker
+        group is found from its status file."""
+        status = read_status(self._status_file(key)) if key is not None else None
+        finder = self._worker_finder(key, pid) if key is not None and status is not None and status.shim == pid \
+            else None
+        handle = ProcessHandle.open(pid, create_time, find_group=finder)
         if handle is None:
             return False
         exited: asyncio.Future[int | None] = self._running_loop().create_future()
@@ -303,8 +340,16 @@ class Supervisor:
         return run is not None and run.handle.send(signum)
 
     def pids(self, key: str) -> list[int]:
+        """The worker's own pid (not its launch shim's): what NVML, `ps` and the user see. Empty
+        while the shim has not forked it yet, or once it is gone."""
         worker = self._workers.get(key)
-        return [worker.run.handle.pid] if worker is not None and worker.run is not None else []
+        if worker is None or worker.run is None:
+            return []
+        if not worker.run.shim:
+            return [worker.run.handle.pid]
+        status = read_status(self._status_file(key))
+        return [status.worker] if status is not None and status.shim == worker.run.handle.pid \
+            and status.code is None else []
 
     def keys(self) -> list[str]:
         """Every supervised worker: running, adopted, or waiting to restart."""
@@ -338,9 +383,12 @@ class Supervisor:
     async def _spawn(self, worker: _Worker) -> WorkerStart:
         assert self._arbiter is not None
         spec = worker.spec
+        status_file = self._status_file(spec.key)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(status_file)  # an earlier run's must never be read as this one's
         write_spec(str(worker.spec_file), LaunchSpec(
             argv=tuple(spec.argv), env=dict(spec.env), uid=spec.uid, gid=spec.gid,
-            stdout=spec.stdout_path, stderr=spec.stderr_path, cwd=spec.cwd,
+            stdout=spec.stdout_path, stderr=spec.stderr_path, cwd=spec.cwd, status=status_file,
         ))
         if worker.watcher is None:
             worker.watcher = self._arbiter.add(
@@ -350,7 +398,8 @@ class Supervisor:
         except BaseException:
             self._abandon(worker.watcher)
             raise
-        handle = ProcessHandle.open(process.pid, child=True) if process is not None else None
+        handle = ProcessHandle.open(process.pid, child=True, find_group=self._worker_finder(spec.key, process.pid)) \
+            if process is not None else None
         if process is None or handle is None:
             raise SpawnError(f"worker {spec.key}: circus could not start the process")
         worker.run = self._watch(worker, handle, process)
@@ -358,8 +407,8 @@ class Supervisor:
         _call(self._on_start, started)
         return started
 
-    def _watch(self, worker: _Worker, handle: ProcessHandle, process: Process | None) -> _Run:
-        run = _Run(handle, process, self._running_loop().create_future())
+    def _watch(self, worker: _Worker, handle: ProcessHandle, process: Process | None, shim: bool = True) -> _Run:
+        run = _Run(handle, process, self._running_loop().create_future(), shim)
         handle.watch(self._running_loop(), lambda: self._exited(worker, run))
         return run
 
@@ -372,6 +421,9 @@ class Supervisor:
                 worker.watcher.reap_process(pid)
         else:
             returncode = run.handle.reap()
+        status = read_status(self._status_file(worker.spec.key)) if run.shim else None
+        if status is not None and status.shim == pid and status.code is not None:
+            returncode = status.code  # the worker's own, also when cgd is not the shim's parent
         if worker.run is run:
             worker.run = None
         if worker.wanted and not self._closing:
@@ -413,6 +465,7 @@ class Supervisor:
         if time.time() - started >= policy.reset_after_s:
             worker.failures = 0
         worker.failures += 1
+        self._keep_failures(worker)
         if worker.failures > policy.max_retries:
             log.warning("worker %s failed %d times in a row: giving up", worker.spec.key, worker.failures)
             self._forget(worker)
@@ -455,10 +508,39 @@ class Supervisor:
         if worker.watcher is not None and self._arbiter is not None:
             self._arbiter.remove(worker.spec.key)
             worker.watcher = None
+        for path in (worker.spec_file, Path(self._status_file(worker.spec.key)),
+                     Path(self._failures_file(worker.spec.key))):
+            path.unlink(missing_ok=True)
+
+    def _status_file(self, key: str) -> str:
+        return str(self._status_dir / f"{key}.status")
+
+    def _failures_file(self, key: str) -> str:
+        return str(self._status_dir / f"{key}.failures")
+
+    def _worker_finder(self, key: str, shim: int) -> Callable[[], int | None]:
+        """The pid (and process group) of the worker that shim `shim` forked, once its status file says."""
+        def find() -> int | None:
+            status = read_status(self._status_file(key))
+            return status.worker if status is not None and status.shim == shim else None
+        return find
+
+    def _keep_failures(self, worker: _Worker) -> None:
+        """Write the failures in a row where a cgd started after a kill -9 finds them (see `_failures_kept`)."""
+        path = self._failures_file(worker.spec.key)
+        if worker.failures == 0:
+            Path(path).unlink(missing_ok=True)
+            return
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(f"{worker.failures}\n")
+        os.replace(tmp, path)
+
+    def _failures_kept(self, key: str) -> int:
         try:
-            worker.spec_file.unlink()
-        except FileNotFoundError:
-            pass
+            return max(0, int(Path(self._failures_file(key)).read_text()))
+        except (OSError, ValueError):
+            return 0
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:

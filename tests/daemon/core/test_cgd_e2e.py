@@ -677,4 +677,5 @@ def test_sigterm_after_a_kill9_stops_the_adopted_workers_too(start_cgd) -> None:
     assert cgd.request("GET", "/v1/components/svc")[1]["replicas"][0]["pids"] == [pid], "adopted"
     assert cgd.stop() == 0
     assert start_time(pid) is None, "an adopted worker is cgd's like any other: it stops with cgd"
-    assert "adopted from an earlier cgd" in cgd.log(), "its end is told for what it is, not 'None'"
+    assert "svc.0 (pid" in cgd.log() and "ended with signal SIGTERM" in cgd.log(), \
+        "its end is told for what it is (its launch shim wrote it), not 'None'"

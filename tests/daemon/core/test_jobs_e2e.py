@@ -230,3 +230,40 @@ def test_no_path_that_takes_capacity_jumps_the_queue(cgd: Cgd, tmp_path: Path) -
     wait_for(lambda: "1 free" in (component(cgd, "head")["queue"]["reason"] or ""), "the head's reason told again")
     reason = component(cgd, "behind")["queue"]["reason"]
     assert "waits behind 'head'" in reason and "without a time limit" in reason, reason
+
+
+def test_an_adopted_job_that_exits_0_is_completed_and_runs_once(start_cgd, tmp_path: Path) -> None:
+    """cgd is not an adopted worker's parent; its launch shim is, and writes how it ended."""
+    cgd = start_cgd("dgx-h100")
+    go = tmp_path / "go"
+    job = ["sh", "-c", f"echo run; while [ ! -e {go} ]; do sleep 0.02; done; exit 0"]
+    for name, policy in (("once", "never"), ("job", "on-failure")):
+        allocate(cgd, {"name": name, "claim": {"gpus": 1}, "command": job, "restart": {"policy": policy}})
+        wait_for(functools.partial(runs_are, cgd.log_dir / name / "0.out", 1), f"{name} running")
+    cgd.kill9()
+    cgd.start()
+    assert component(cgd, "once")["replicas"][0]["state"] == "adopted"
+    go.touch()
+    for name in ("once", "job"):
+        job_doc = ended(cgd, name)
+        assert job_doc["state"] == "completed" and job_doc["exit_code"] == 0, job_doc
+        assert runs(cgd.log_dir / name / "0.out") == 1, name
+    done = cgd.cgctl("wait", "once")
+    assert done.returncode == 0, done
+
+
+def test_retries_still_count_after_a_restart_of_cgd(start_cgd, tmp_path: Path) -> None:
+    """max_retries 1: one failure before cgd is killed, one after, and no third run."""
+    cgd = start_cgd("dgx-h100")
+    go = tmp_path / "go"
+    flaky = ["sh", "-c", f"echo run; if [ -e {tmp_path / 'first'} ]; then "
+                         f"while [ ! -e {go} ]; do sleep 0.02; done; fi; touch {tmp_path / 'first'}; exit 3"]
+    allocate(cgd, {"name": "flaky", "claim": {"gpus": 1}, "command": flaky,
+                   "restart": {"max_retries": 1, "backoff_s": 0}})
+    wait_for(functools.partial(runs_are, cgd.log_dir / "flaky" / "0.out", 2), "the retry running")
+    cgd.kill9()
+    cgd.start()
+    go.touch()
+    job = ended(cgd, "flaky")
+    assert job["state"] == "failed" and job["exit_code"] == 3, job
+    assert runs(cgd.log_dir / "flaky" / "0.out") == 2

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from computegroups.daemon.supervision import launch
-from computegroups.daemon.supervision.launch import LaunchSpec, compile_shim, shim_argv, write_spec
+from computegroups.daemon.supervision.launch import LaunchSpec, compile_shim, read_status, shim_argv, write_spec
 
 COSTLY = {"site", "enum", "re", "json", "typing", "dataclasses", "inspect", "collections"}
 """Standard modules the shim must not load: each costs about as much as the rest of its start-up."""
@@ -36,6 +36,8 @@ def test_a_spec_reads_back_as_written(tmp_path: Path) -> None:
     assert again == spec and again.cwd is None
     assert LaunchSpec.decode(spec.encode()) == spec
     assert LaunchSpec.decode(spec_in(tmp_path, ("true",)).encode()).cwd == str(tmp_path)
+    assert LaunchSpec.decode(LaunchSpec(argv=("a",), env={}, uid=0, gid=0, stdout="o", stderr="e",
+                                        status="/run/w.status").encode()).status == "/run/w.status"
 
 
 @pytest.mark.parametrize(("spec", "problem"), [
@@ -52,11 +54,11 @@ def test_a_spec_that_cannot_be_written_is_refused(spec: LaunchSpec, problem: str
 
 @pytest.mark.parametrize("data", [
     b"",
-    b"cg-launch-0\x000\x000\x00o\x00e\x00\x001\x00true",
-    b"cg-launch-1\x000\x000\x00o\x00e\x00\x002\x00true",
-    b"cg-launch-1\x000\x000\x00o\x00e\x00\x000\x00true",
-    b"cg-launch-1\x00zero\x000\x00o\x00e\x00\x001\x00true",
-    b"cg-launch-1\x000\x000\x00o\x00e\x00\x001\x00true\x00NOVALUE",
+    b"cg-launch-1\x000\x000\x00o\x00e\x00\x001\x00true",
+    b"cg-launch-2\x000\x000\x00o\x00e\x00\x00\x002\x00true",
+    b"cg-launch-2\x000\x000\x00o\x00e\x00\x00\x000\x00true",
+    b"cg-launch-2\x00zero\x000\x00o\x00e\x00\x00\x001\x00true",
+    b"cg-launch-2\x000\x000\x00o\x00e\x00\x00\x001\x00true\x00NOVALUE",
 ])
 def test_a_damaged_spec_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
@@ -74,7 +76,9 @@ def test_the_shim_imports_only_cheap_standard_library_modules(tmp_path: Path, pr
     """Run as circus runs it (`-I -S`, an empty environment), with -X importtime:
     every module it imports is listed on its stderr before it execs the worker."""
     shim = compile_shim(str(tmp_path)) if program == "compiled" else launch.__file__
-    write_spec(str(tmp_path / "w.spec"), spec_in(tmp_path, ("sh", "-c", "echo ran $MARK", "sh"), MARK="here"))
+    spec = spec_in(tmp_path, ("sh", "-c", "echo ran $MARK", "sh"), MARK="here")
+    spec.status = str(tmp_path / "w.status")  # as cgd runs it: the shim forks the worker and waits
+    write_spec(str(tmp_path / "w.spec"), spec)
     done = subprocess.run([sys.executable, "-X", "importtime", *shim_argv(shim, str(tmp_path / "w.spec"))[1:]],
                           env={}, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
@@ -86,3 +90,30 @@ def test_the_shim_imports_only_cheap_standard_library_modules(tmp_path: Path, pr
     assert not outside, f"the shim imports {outside}, outside the standard library"
     costly = sorted(imported & COSTLY)
     assert not costly, f"the shim imports {costly}: see daemon/supervision/launch.py on what it may import"
+
+
+@pytest.mark.parametrize(("command", "code", "shim_exit"), [
+    ("exit 3", 3, 3),
+    ("kill -TERM $$", -15, -15),
+    ("kill -SEGV $$", -11, 128 + 11),  # the shim does not leave a core of itself
+])
+def test_the_shim_writes_how_its_worker_ended_and_ends_the_same_way(
+        tmp_path: Path, command: str, code: int, shim_exit: int) -> None:
+    shim = compile_shim(str(tmp_path))
+    spec = spec_in(tmp_path, ("sh", "-c", command))
+    spec.status = str(tmp_path / "w.status")
+    write_spec(str(tmp_path / "w.spec"), spec)
+    proc = subprocess.Popen(shim_argv(shim, str(tmp_path / "w.spec")), env={})
+    assert proc.wait(timeout=30) == shim_exit
+    status = read_status(spec.status)
+    assert status is not None and (status.shim, status.code) == (proc.pid, code) and status.worker != proc.pid
+
+
+def test_a_status_file_is_read_only_when_whole(tmp_path: Path) -> None:
+    path = tmp_path / "w.status"
+    for data, expected in ((b"", None), (b"12 34", None), (b"12 x\n", None), (b"12 34\n", (12, 34, None)),
+                           (b"12 34 -9\n", (12, 34, -9))):
+        path.write_bytes(data)
+        status = read_status(str(path))
+        assert (None if status is None else (status.shim, status.worker, status.code)) == expected, data
+    assert read_status(str(tmp_path / "missing")) is None

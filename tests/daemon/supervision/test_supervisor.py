@@ -149,6 +149,12 @@ async def child_in(log: Path) -> int:
     return next(int(line) for line in log.read_text().split() if line.isdigit())
 
 
+async def worker_of(sup: Supervisor, key: str) -> int:
+    """The worker's own pid, once its launch shim (the process cgd watches) has forked it."""
+    await until(lambda: sup.pids(key))
+    return sup.pids(key)[0]
+
+
 def kill_and_reap(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -165,10 +171,14 @@ def test_worker_gets_exactly_its_env_argv_cwd_and_default_signals(tmp_path: Path
         started = await sup.start_worker(spec)
         log = Path(spec.stdout_path)
         await until(lambda: log.exists() and "argv" in log.read_text())
-        assert proc_environ(started.pid) == dict(spec.env)
-        assert psutil.Process(started.pid).cmdline() == list(spec.argv)
-        assert os.readlink(f"/proc/{started.pid}/cwd") == str(tmp_path)
-        assert sup.pids("env.0") == [started.pid] and sup.is_running("env.0")
+        pid = await worker_of(sup, "env.0")
+        assert psutil.Process(pid).ppid() == started.pid  # its launch shim, the process cgd watches
+        assert proc_environ(started.pid) == {}  # the shim's own: nothing of the worker's env reaches root
+        assert proc_environ(pid) == dict(spec.env)
+        assert psutil.Process(pid).cmdline() == list(spec.argv)
+        assert os.readlink(f"/proc/{pid}/cwd") == str(tmp_path)
+        assert os.getpgid(pid) == pid != os.getpgid(started.pid)  # its own group: stops reach it, not the shim
+        assert sup.is_running("env.0")
         assert started.create_time == psutil.Process(started.pid).create_time()
         assert log.read_text() == "argv ['a b', '$(circus.wid)']\n"
 
@@ -370,11 +380,12 @@ def test_exit_is_reported_within_milliseconds(tmp_path: Path) -> None:
     async def body(sup: Supervisor, rec: Recorder) -> None:
         await sup.start_worker(spec)
         await rec.wait_exits(1)
-        victim = await sup.start_worker(spec_for(tmp_path, "fast.1", SLEEPER))
+        await sup.start_worker(spec_for(tmp_path, "fast.1", SLEEPER))
+        victim = await worker_of(sup, "fast.1")
         # Killed once it runs its own program, not while the launch shim sets it up.
-        await until(lambda: SLEEPER.encode() in Path(f"/proc/{victim.pid}/cmdline").read_bytes())
+        await until(lambda: SLEEPER.encode() in Path(f"/proc/{victim}/cmdline").read_bytes())
         killed_at.append(time.time())
-        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
         await rec.wait_exits(2)
 
     rec = run_with(tmp_path, body)
@@ -411,28 +422,91 @@ def test_kept_workers_keep_logging_and_are_adopted_by_the_next_supervisor(tmp_pa
 
     first_rec = run_with(tmp_path, first, keep_workers=True)
     assert first_rec.exits == []
-    worker = kept[0]
+    shim = kept[0]
+    (worker,) = psutil.Process(shim.pid).children()
     try:
-        assert not gone(worker.pid)
+        assert not gone(shim.pid)
         size = Path(spec.stdout_path).stat().st_size
         wait_for(lambda: Path(spec.stdout_path).stat().st_size > size, "the kept worker logs on")
 
         async def second(sup: Supervisor, rec: Recorder) -> None:
-            assert not sup.adopt(spec, worker.pid, worker.create_time + 100)
-            assert not sup.adopt(spec, 2 ** 22 + 7, worker.create_time)
-            assert sup.adopt(spec, worker.pid, worker.create_time)
+            assert not sup.adopt(spec, shim.pid, shim.create_time + 100)
+            assert not sup.adopt(spec, 2 ** 22 + 7, shim.create_time)
+            assert sup.adopt(spec, shim.pid, shim.create_time)
             assert sup.is_running("keep.0") and sup.pids("keep.0") == [worker.pid]
             await asyncio.sleep(0.1)
             assert rec.starts == []
             os.kill(worker.pid, signal.SIGKILL)
             await until(lambda: len(rec.starts) == 1)
-            assert sup.pids("keep.0") == [rec.starts[0][1].pid]
+            assert sup.pids("keep.0") == [await worker_of(sup, "keep.0")] != [worker.pid]
 
         rec = run_with(tmp_path, second)
     finally:
         kill_and_reap(worker.pid)
-    assert [(e.pid, e.will_restart) for _, e in rec.exits] == [(worker.pid, True), (rec.starts[0][1].pid, False)]
-    assert rec.exits[0][1].returncode in (None, -signal.SIGKILL)
+        kill_and_reap(shim.pid)
+    assert [(e.pid, e.will_restart) for _, e in rec.exits] == [(shim.pid, True), (rec.starts[0][1].pid, False)]
+    assert rec.exits[0][1].returncode == -signal.SIGKILL  # not cgd's child, yet its status is known
+
+
+def test_an_adopted_worker_that_exits_0_is_known_to_have_exited_0(tmp_path: Path) -> None:
+    """Its launch shim, its parent, writes how it ended: `on-failure` does not run it again."""
+    def exits_as_told(go: Path) -> str:
+        return (f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+                f"sys.exit(int(open({str(go)!r}).read()))\n")
+
+    policy = RestartPolicy(mode=supervisor.RestartMode.ON_FAILURE, max_retries=3, backoff_s=0.01)
+    jobs = {key: spec_for(tmp_path, key, exits_as_told(tmp_path / key), restart=policy)
+            for key in ("done.0", "crash.0")}
+    kept: dict[str, WorkerStart] = {}
+
+    async def first(sup: Supervisor, rec: Recorder) -> None:
+        for key, spec in jobs.items():
+            kept[key] = await sup.start_worker(spec)
+            await worker_of(sup, key)
+
+    run_with(tmp_path, first, keep_workers=True)
+
+    async def second(sup: Supervisor, rec: Recorder) -> None:
+        for key, spec in jobs.items():
+            assert sup.adopt(spec, kept[key].pid, kept[key].create_time)
+        (tmp_path / "done.0").write_text("0")
+        (tmp_path / "crash.0").write_text("3")
+        await rec.wait_exits(2)
+        await until(lambda: len(rec.starts) == 1)
+
+    rec = run_with(tmp_path, second)
+    ended = {e.key: (e.returncode, e.will_restart) for _, e in rec.exits[:2]}
+    assert ended == {"done.0": (0, False), "crash.0": (3, True)}
+    assert [s.key for _, s in rec.starts] == ["crash.0"]
+
+
+def test_the_stop_signal_reaches_the_worker_once_and_others_pass_through_the_shim(tmp_path: Path) -> None:
+    counting = textwrap.dedent("""
+        import signal, sys, time
+        def note(signum, _):
+            print(signal.Signals(signum).name, flush=True)
+            if signum == signal.SIGTERM:
+                time.sleep(0.3)
+                sys.exit(0)
+        signal.signal(signal.SIGTERM, note)
+        signal.signal(signal.SIGUSR1, note)
+        print('ready', flush=True)
+        while True: time.sleep(0.05)
+    """)
+    spec = spec_for(tmp_path, "once.0", counting)
+    log = Path(spec.stdout_path)
+
+    async def body(sup: Supervisor, rec: Recorder) -> None:
+        started = await sup.start_worker(spec)
+        await until(lambda: log.exists() and "ready" in log.read_text())
+        assert sup.signal("once.0", signal.SIGUSR1)  # to the shim, which passes it on
+        await until(lambda: log.read_text().count("SIGUSR1") == 1)
+        os.kill(started.pid, signal.SIGUSR1)  # a user's kill of the pid cgd watches
+        await until(lambda: log.read_text().count("SIGUSR1") == 2)
+        await sup.stop_worker("once.0")
+
+    run_with(tmp_path, body)
+    assert log.read_text().split() == ["ready", "SIGUSR1", "SIGUSR1", "SIGTERM"]
 
 
 def test_workers_survive_kill9_of_the_daemon_and_are_adopted(tmp_path: Path) -> None:
@@ -609,6 +683,6 @@ def test_workers_run_as_their_owner(tmp_path: Path) -> None:
 def test_an_exit_is_told_as_a_status_a_signal_name_or_why_it_is_unknown() -> None:
     assert supervisor.describe_exit(0) == "status 0"
     assert supervisor.describe_exit(-signal.SIGTERM) == "signal SIGTERM"
-    assert supervisor.describe_exit(None, adopted=True).startswith("an unknown status (adopted")
+    assert supervisor.describe_exit(None, adopted=True).startswith("an unknown status (its launch shim")
     assert WorkerExit("w.0", 0, None, False).status == "no status (it could not be started)"
     assert WorkerExit("w.0", 41, -signal.SIGKILL, True).status == "signal SIGKILL"
