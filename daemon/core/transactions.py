@@ -21,7 +21,7 @@ import msgspec
 from msgspec.structs import replace
 
 from computegroups.daemon.core.consistency import check_consistent
-from computegroups.daemon.core.views import user_name
+from computegroups.daemon.core.views import capacity_refusal, user_name
 from computegroups.daemon.core.workers import replica_groups, replica_ref
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.config import DaemonConfig
@@ -338,7 +338,7 @@ class StateKeeper:
         except NeverFits as exc:
             raise Unsatisfiable(str(exc)) from None
         except DoesNotFitNow as exc:
-            raise InsufficientCapacity(str(exc)) from None
+            raise InsufficientCapacity(capacity_refusal(doc, exc)) from None
         except ValueError as exc:
             raise Conflict(str(exc)) from None
 

@@ -6,11 +6,13 @@ change only when this file does.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from computegroups.daemon.core.queue import queue_order
 from computegroups.daemon.core.workers import replica_groups, replica_ref, visible_devices
 from computegroups.daemon.model.refs import component_of
+from computegroups.daemon.placement.allocator import DoesNotFitNow
 from computegroups.daemon.supervision.workerenv import cuda_visible_devices
 from computegroups.statefiles.schema import ComponentRecord, GroupRecord, ReservationRecord, StateDoc
 from computegroups.topology.model import Machine
@@ -24,6 +26,56 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
+
+
+def capacity_refusal(doc: StateDoc, refusal: DoesNotFitNow) -> str:
+    """The allocator's refusal with people in it: "in use by alice (component train): GPUs 0-5".
+
+    The allocator names the groups in the way (it knows nothing of users);
+    here each becomes its owner and what it belongs to, from the state.
+    """
+    named = {}
+    for gpu, why in refusal.reasons.items():
+        held = refusal.holders.get(gpu)
+        if not held:
+            named[gpu] = why
+            continue
+        who = holders_phrase(doc, held)
+        named[gpu] = f"{why} by {who}" if why.startswith("in use") else f"{why}, used by {who}"
+    return refusal.worded(named)
+
+
+def holders_phrase(doc: StateDoc, group_ids: Iterable[str]) -> str:
+    """`alice (component train)`, `alice (components a, b) and bob (reservation r)`."""
+    by_user: dict[str, dict[str, list[str]]] = {}
+    for gid in sorted(group_ids):
+        g = doc.groups.get(gid)
+        if g is None:
+            continue
+        kind, name = _holder(doc, g)
+        names = by_user.setdefault(user_name(g.owner_uid), {}).setdefault(kind, [])
+        if name not in names:
+            names.append(name)
+    parts = [f"{user} ({'; '.join(_listed(kind, names) for kind, names in kinds.items())})"
+             for user, kinds in sorted(by_user.items())]
+    return " and ".join(parts) or "another group"
+
+
+def _holder(doc: StateDoc, g: GroupRecord) -> tuple[str, str]:
+    """What a group is held for, as a person calls it: a component, a deployment, a reservation."""
+    if g.state == "reserved":
+        return "reservation", g.owner
+    comp = doc.components.get(g.owner) or next(
+        (doc.components[c] for c in (component_of(u) for u in g.users) if c in doc.components), None)
+    if comp is not None and comp.deployment:
+        return "deployment", comp.deployment
+    if comp is not None and comp.name == g.owner:
+        return "component", comp.name
+    return "group", g.id
+
+
+def _listed(kind: str, names: list[str]) -> str:
+    return f"{kind}{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
 def owner_view(uid: int, gid: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from computegroups.daemon.model.claims import AllocatorConfig, Claim
 from computegroups.daemon.placement import shares, wholes
+from computegroups.daemon.placement.explain import IN_USE
 from computegroups.daemon.placement.feasible import check_ever
 from computegroups.daemon.placement.ledger import Ledger
 from computegroups.daemon.placement.records import (
@@ -71,8 +72,8 @@ class Allocator:
         except PlacementError as exc:
             self._undo(undo)
             if len(ids) > 1:
-                raise type(exc)(f"{exc} (group {len(placements) + 1} of {len(ids)}; "
-                                "the groups are placed all or nothing)") from None
+                note = f" (group {len(placements) + 1} of {len(ids)}; the groups are placed all or nothing)"
+                raise (exc.noted(note) if isinstance(exc, DoesNotFitNow) else type(exc)(f"{exc}{note}")) from None
             raise
         return tuple(placements)
 
@@ -201,7 +202,7 @@ class Allocator:
         costs = wholes.stage_costs(topo, rules, rules.strategy)
         choice = wholes.best_set(topo, rules, costs, found, n)
         if choice is None:
-            raise DoesNotFitNow(wholes.failure(topo, rules, claim, free, reasons))
+            raise wholes.failure(topo, rules, claim, free, reasons)
         gone = set(choice.gpus) | (choice.region.exclusive or set())
         left = [g for g in free if g not in gone]
         score = wholes.set_score(topo, choice.gpus, self._best_possible(rules, n), choice.proven, left,
@@ -220,7 +221,7 @@ class Allocator:
         else:
             options = shares.share_options(rules, costs, reasons)
         if not options:
-            raise DoesNotFitNow(shares.share_failure(rules, reasons))
+            raise shares.share_failure(rules, reasons)
         best = min(options, key=lambda o: o.key)
         score = shares.device_score(best, rules.strategy, self.topo.memory[best.device.gpu])
         return Placement(group_id=gid, devices=(best.device,), domain=best.exclusive,
@@ -241,7 +242,7 @@ class Allocator:
 
 def _busy(rules: Rules, gpu: int) -> str | None:
     if rules.groups(gpu):
-        return "in use"
+        return IN_USE
     if rules.ledger.foreign.get(gpu) and not rules.claim.allow_busy:
         return "has processes cgd does not own (allow_busy to use it)"
     return None

@@ -49,6 +49,15 @@ def colocated(kind: DomainKind) -> str:
     return DOMAIN_NAMES[kind][2]
 
 
+IN_USE = "in use"
+IN_USE_WHOLE = "in use as a whole GPU"
+NO_ROOM = "not enough free memory or compute"
+HELD_EXCLUSIVELY = "inside a domain another group holds exclusively"
+MIG_TAKEN = "its matching MIG instances are taken"
+HELD = frozenset({IN_USE, IN_USE_WHOLE, NO_ROOM, HELD_EXCLUSIVELY, MIG_TAKEN})
+"""The reasons a GPU cannot be used that are other groups' doing: a refusal names their holders."""
+
+
 def reasons_text(reasons: Mapping[int, str]) -> str:
     """`held by a group: 0-3; draining: 4`: the GPUs that were not free, by why."""
     by_reason: dict[str, list[int]] = {}

@@ -6,7 +6,10 @@ them, and plain so they survive a JSON round trip without the allocator.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from computegroups.daemon.placement.explain import reasons_text
 
 
 class PlacementError(Exception):
@@ -18,7 +21,31 @@ class NeverFits(PlacementError):
 
 
 class DoesNotFitNow(PlacementError):
-    """The claim fits this machine, but not with what is in use now."""
+    """The claim fits this machine, but not with what is in use now.
+
+    Besides the message, the parts it is made of: `reasons`, the GPUs that
+    could not be used, by why (`label` says how they are introduced), and
+    `holders`, the groups whose use of a GPU is its reason. The allocator
+    knows groups, not people: a caller that knows whose groups they are
+    words the reasons again (`worded`) to name them.
+    """
+
+    def __init__(self, head: str, reasons: Mapping[int, str] | None = None, *, label: str = "not free",
+                 holders: Mapping[int, frozenset[str]] | None = None, note: str = "") -> None:
+        self.head = head
+        self.reasons = dict(reasons or {})
+        self.label = label
+        self.holders = dict(holders or {})
+        self.note = note
+        super().__init__(self.worded(self.reasons))
+
+    def worded(self, reasons: Mapping[int, str]) -> str:
+        """The message with `reasons` (the GPUs of `self.reasons`, in other words) in place of the allocator's."""
+        return self.head + (f" ({self.label}: {reasons_text(reasons)})" if reasons else "") + self.note
+
+    def noted(self, note: str) -> DoesNotFitNow:
+        """The same refusal with `note` after it."""
+        return DoesNotFitNow(self.head, self.reasons, label=self.label, holders=self.holders, note=self.note + note)
 
 
 @dataclass(frozen=True)

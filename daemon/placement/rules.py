@@ -7,10 +7,10 @@ so the same checks serve the normal pass and the displacing pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim, Strategy
-from computegroups.daemon.placement.explain import domain_name
+from computegroups.daemon.placement.explain import HELD, HELD_EXCLUSIVELY, domain_name
 from computegroups.daemon.placement.ledger import Ledger
 from computegroups.daemon.placement.records import Holding
 from computegroups.daemon.placement.topo import Topo
@@ -99,7 +99,7 @@ class Rules:
         if gpu in self.ledger.unavailable:
             return "draining or unhealthy"
         if self.exclusive_owners(gpu):
-            return "inside a domain another group holds exclusively"
+            return HELD_EXCLUSIVELY
         for term, near in self.near:
             if gpu not in near:
                 return f"not {_level(term)} {term.component} (affinity)"
@@ -107,6 +107,16 @@ class Rules:
             if gpu in near:
                 return f"{_level(term)} {term.component} (anti-affinity)"
         return None
+
+
+def holders(rules: Rules, reasons: Mapping[int, str]) -> dict[int, frozenset[str]]:
+    """For each GPU whose reason is another group's use of it (`explain.HELD`), the groups there."""
+    out = {}
+    for gpu, why in reasons.items():
+        held = frozenset(rules.groups(gpu) | rules.exclusive_owners(gpu)) if why in HELD else frozenset()
+        if held:
+            out[gpu] = held
+    return out
 
 
 def _level(term: AffinityTerm) -> str:

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from computegroups.daemon.model.claims import Claim, Strategy
-from computegroups.daemon.placement.explain import domain_name, mib, reasons_text
-from computegroups.daemon.placement.records import DeviceShare, Score
-from computegroups.daemon.placement.rules import Rules
+from computegroups.daemon.placement.explain import IN_USE_WHOLE, MIG_TAKEN, NO_ROOM, domain_name, mib
+from computegroups.daemon.placement.records import DeviceShare, DoesNotFitNow, Score
+from computegroups.daemon.placement.rules import Rules, holders
 from computegroups.daemon.placement.topo import Topo
 from computegroups.daemon.placement.wholes import StageCosts
 from computegroups.topology.model import MigDevice
@@ -87,7 +87,7 @@ def _mig_options(rules: Rules, costs: StageCosts, g: int, reasons: dict[int, str
         if not wanted(m):
             continue
         if rules.mig_taken(m.uuid):
-            reasons.setdefault(g, "its matching MIG instances are taken")
+            reasons.setdefault(g, MIG_TAKEN)
             continue
         holder = rules.ledger.mig_holder.get(m.uuid)
         penalty = int(holder is not None) + len(rules.ledger.exclusive_on[g] & rules.ignore)
@@ -107,10 +107,10 @@ def _share_refusal(rules: Rules, g: int) -> str | None:
     if rules.topo.memory[g] <= 0:
         return "memory size unknown"
     if rules.held_whole(g):
-        return "in use as a whole GPU"
+        return IN_USE_WHOLE
     memory, compute = share_size(rules, g)
     if rules.free_memory(g) < memory or rules.free_compute(g) < compute:
-        return "not enough free memory or compute"
+        return NO_ROOM
     return None
 
 
@@ -172,7 +172,7 @@ def device_score(choice: DeviceChoice, strategy: Strategy, total_mib: int) -> Sc
     return Score(nvlinks=0, pcie=0, explanation=text)
 
 
-def share_failure(rules: Rules, options_reasons: dict[int, str]) -> str:
+def share_failure(rules: Rules, options_reasons: dict[int, str]) -> DoesNotFitNow:
     claim = rules.claim
     if claim.kind == "mig":
         what = f"a free MIG {claim.mig} instance"
@@ -184,7 +184,7 @@ def share_failure(rules: Rules, options_reasons: dict[int, str]) -> str:
     roomiest = _roomiest(rules)
     if roomiest and claim.kind == "share":
         text += f"; the most free is {roomiest}"
-    return text + (f" (not usable: {reasons_text(options_reasons)})" if options_reasons else "")
+    return DoesNotFitNow(text, options_reasons, label="not usable", holders=holders(rules, options_reasons))
 
 
 def _roomiest(rules: Rules) -> str | None:

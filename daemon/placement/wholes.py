@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from computegroups.daemon.model.claims import Claim, Strategy
-from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase, reasons_text
-from computegroups.daemon.placement.records import Score
-from computegroups.daemon.placement.rules import Rules
+from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase
+from computegroups.daemon.placement.records import DoesNotFitNow, Score
+from computegroups.daemon.placement.rules import Rules, holders
 from computegroups.daemon.placement.search import Problem, best_subset
 from computegroups.daemon.placement.topo import Topo
 
@@ -135,13 +135,19 @@ def set_score(topo: Topo, gpus: tuple[int, ...], best_nvlinks: int, proven: bool
                  best_nvlinks=best_nvlinks, proven=proven)
 
 
-def failure(topo: Topo, rules: Rules, claim: Claim, free: list[int], reasons: dict[int, str]) -> str:
+def failure(topo: Topo, rules: Rules, claim: Claim, free: list[int], reasons: dict[int, str]) -> DoesNotFitNow:
     """Why no region holds n free GPUs, from the coarsest cause to the finest."""
     n = claim.gpus or 1
     if len(free) < n:
         text = f"needs {n} whole GPU{'s' if n > 1 else ''}; {len(free)} free"
         text += f": {gpus_phrase(free)}" if free else ""
-        return text + (f" (not free: {reasons_text(reasons)})" if reasons else "")
+        return DoesNotFitNow(text, reasons, holders=holders(rules, reasons))
+    return DoesNotFitNow(_layout_failure(topo, rules, claim, free))
+
+
+def _layout_failure(topo: Topo, rules: Rules, claim: Claim, free: list[int]) -> str:
+    """Enough GPUs are free, but not as the claim's exclusive or colocate rule wants them."""
+    n = claim.gpus or 1
     pool = set(free)
     candidates = [frozenset(pool)]
     if claim.exclusive is not None:

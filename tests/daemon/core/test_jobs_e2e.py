@@ -267,3 +267,21 @@ def test_retries_still_count_after_a_restart_of_cgd(start_cgd, tmp_path: Path) -
     job = ended(cgd, "flaky")
     assert job["state"] == "failed" and job["exit_code"] == 3, job
     assert runs(cgd.log_dir / "flaky" / "0.out") == 2
+
+
+def test_a_refusal_names_the_people_and_what_holds_the_gpus(cgd: Cgd, tmp_path: Path) -> None:
+    allocate(cgd, {"name": "train", "claim": {"gpus": 4}})
+    assert cgd.request("POST", "/v1/reservations", {"name": "later", "claim": {"gpus": 1}})[0] == 201
+    assert cgd.request("POST", "/v1/groups", {"claim": {"gpus": 1}})[0] == 201
+    deployment = tmp_path / "svc.toml"
+    deployment.write_text('name = "svc"\n\n[[claims]]\nname = "one"\ngpus = 1\n\n'
+                          '[[components]]\nname = "c"\nsharing = [{claim = "one", scope = "per-replica"}]\n')
+    assert cgd.cgctl("apply", "-f", str(deployment)).returncode == 0
+    status, reply = cgd.request("POST", "/v1/components", {"name": "big", "claim": {"gpus": 8}})
+    message = reply["error"]["message"]
+    assert status == 409 and message.startswith("needs 8 whole GPUs; 1 free"), message
+    for holder in ("in use by root (component train): GPUs 0-3", "in use by root (reservation later): GPU",
+                   "in use by root (group group.1): GPU", "in use by root (deployment svc): GPU"):
+        assert holder in message, message
+    queued = allocate(cgd, {"name": "big", "claim": {"gpus": 8}, "wait": True, "detach": True})
+    assert "in use by root (component train)" in queued["queue"]["reason"], queued

@@ -113,6 +113,28 @@ def test_a_share_never_lands_on_a_whole_gpu_and_the_reverse() -> None:
         one(a, Claim(gpus=1), "w3")
 
 
+def test_a_refusal_names_the_groups_in_the_way_for_whoever_knows_their_owners() -> None:
+    """The allocator knows groups, not people: it says which groups hold each GPU, and a caller
+    that knows their owners words the same refusal with them."""
+    a = Allocator(machine("workstation-4x-pcie"))
+    a.allocate(Claim(gpus=2), ["train"], "train")
+    a.set_unavailable([3])
+    one(a, Claim(memory_mib=20 * GIB), "half", "serve")
+    with pytest.raises(DoesNotFitNow) as info:
+        one(a, Claim(gpus=2), "more")
+    refusal = info.value
+    assert str(refusal) == ("needs 2 whole GPUs; 0 free (not free: in use: GPUs 0-2; draining or unhealthy: GPU 3)")
+    assert refusal.holders == {0: frozenset({"train"}), 1: frozenset({"train"}), 2: frozenset({"half"})}
+    named = {g: f"{why} by {sorted(refusal.holders[g])[0]}" if g in refusal.holders else why
+             for g, why in refusal.reasons.items()}
+    assert refusal.worded(named) == ("needs 2 whole GPUs; 0 free (not free: in use by train: GPUs 0,1; "
+                                     "in use by half: GPU 2; draining or unhealthy: GPU 3)")
+    with pytest.raises(DoesNotFitNow) as info:
+        a.allocate(Claim(memory_mib=40 * GIB), ["s0", "s1"], "shares")
+    assert info.value.holders == {0: frozenset({"train"}), 1: frozenset({"train"}), 2: frozenset({"half"})}
+    assert str(info.value).endswith("(group 1 of 2; the groups are placed all or nothing)")
+
+
 # --- every simulated machine --------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", simulated_machine_names())
