@@ -216,6 +216,50 @@ def gpu_block(g: Doc, style: Style) -> list[str]:
     return lines
 
 
+WIDTH = 80
+ENDED_SHOWN = 5
+"""Ended jobs `status` lists (the latest); `cgctl list` has them all."""
+
+
+def glance_lines(components: Sequence[Doc], width: int = WIDTH) -> list[str]:
+    """The components worth a look, one line each within `width` columns: the queue (place and
+    reason), what restarts or is unwell, then the latest jobs that ended and how."""
+    ended = [c for c in components if c.get("state") in ("completed", "failed", "timeout")]
+    shown = [c for c in components if c not in ended] + ended[:ENDED_SHOWN]
+    if not shown:
+        return []
+    rows = [[_glance_state(c), str(c["name"])[:24], str(c.get("user") or "?")[:12], _glance_detail(c)]
+            for c in shown]
+    lines = ["components:"] + ["  " + _fit(line, width - 2) for line in table(["", "", "", ""], rows)[1:]]
+    if len(ended) > ENDED_SHOWN:
+        lines.append(f"  and {len(ended) - ENDED_SHOWN} more that ended: `cgctl list` shows them")
+    return lines
+
+
+def _glance_state(c: Doc) -> str:
+    queue = c.get("queue") or {}
+    return f"pending #{queue.get('position', '?')}" if c.get("state") == "pending" else str(c.get("state"))
+
+
+def _glance_detail(c: Doc) -> str:
+    state, restarts = c.get("state"), int(c.get("restarts") or 0)
+    again = f", {restarts} restart{'s' if restarts != 1 else ''}" if restarts else ""
+    if state == "pending":
+        return str((c.get("queue") or {}).get("reason") or "waiting for capacity")
+    if state in ("completed", "failed", "timeout"):
+        took = f" after {c['duration_s']:.1f}s" if c.get("duration_s") is not None else ""
+        return f"exit {c.get('exit_code')}{took}{again}"
+    if state == "degraded":
+        return "one of its GPUs is unhealthy" + again
+    if state == "lost":
+        return "its GPUs left the machine: release it"
+    return again.removeprefix(", ")
+
+
+def _fit(line: str, width: int) -> str:
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
 def status_text(status: Doc, style: Style) -> list[str]:
     gpus = status.get("gpus") or []
     busy = sum(1 for g in gpus if g.get("groups"))
@@ -228,4 +272,7 @@ def status_text(status: Doc, style: Style) -> list[str]:
     if lost:
         lines += ["", style("LOST", fg="red", bold=True) + " groups whose devices vanished:"]
         lines += [f"  {grp['id']} ({grp.get('owner')}): {devices_label(grp.get('devices') or [])}" for grp in lost]
+    glance = glance_lines(status.get("components") or [])
+    if glance:
+        lines += ["", *glance]
     return lines

@@ -12,7 +12,8 @@ from computegroups.cli.render import colour_enabled, component_json, list_text, 
 
 @click.command()
 def status() -> None:
-    """One block per GPU: memory and SM bars, who is on it, health and marks."""
+    """One block per GPU: memory and SM bars, who is on it, health and marks;
+    then the queue, what restarts and the jobs that ended."""
     with talking():
         doc = client().status()
     if json_wanted():

@@ -71,13 +71,14 @@ class CgdApp:
         return self._machine
 
     def status(self) -> dict[str, Any]:
-        from computegroups.daemon.core.views import gpu_status, group_view
+        from computegroups.daemon.core.views import components_at_a_glance, gpu_status, group_view
 
         doc = self.manager.doc
         return {
             "generation": doc.generation,
             "gpus": gpu_status(self.manager.keeper.machine, doc, self.health_monitor.as_dict()),
             "lost_groups": [group_view(doc, g) for g in doc.groups.values() if g.state == "lost"],
+            "components": components_at_a_glance(self.manager.components()),
         }
 
     def health(self) -> dict[str, Any]:

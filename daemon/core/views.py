@@ -178,6 +178,27 @@ def component_view(
     }
 
 
+GLANCE_STATES = ("pending", "restarting", "degraded", "lost", "failed", "timeout", "completed")
+"""The component states `cgctl status` lists, in its order: what waits or needs a look first."""
+
+
+def component_glance(view: dict[str, Any]) -> dict[str, Any]:
+    """One component of `GET /v1/status`'s `components`: enough for a line of `cgctl status`."""
+    return {
+        "name": view["name"], "state": view["state"], "user": view["owner"]["user"],
+        "queue": view["queue"], "exit_code": view["exit_code"], "ended_at": view["ended_at"],
+        "duration_s": view["duration_s"], "restarts": sum(r["restarts"] for r in view["replicas"]),
+    }
+
+
+def components_at_a_glance(views: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The components in a state worth a look (`GLANCE_STATES`), the queue first in its order, then
+    those that restart or are unwell, then the ended ones, the latest first."""
+    chosen = [component_glance(v) for v in views if v["state"] in GLANCE_STATES]
+    return sorted(chosen, key=lambda c: (GLANCE_STATES.index(c["state"]),
+                                         (c["queue"] or {}).get("position", 0), -(c["ended_at"] or 0), c["name"]))
+
+
 def job_exit_code(replicas: list[dict[str, Any]]) -> int:
     """What `cgctl wait` exits with: the first non-zero replica status, 128+N for signal N (as a shell says).
 

@@ -178,3 +178,21 @@ def test_run_wait_queues_runs_once_placed_and_explains_the_placed_claim(cgd: Cgd
     assert "why: GPUs" in err and "cgd gave no explanation" not in err, err
     assert len(out.split()) == 2 and out.split()[1].count(",") == 1, out  # two devices, once placed
     wait_for(lambda: "later" not in ok(cgd, "list"), "the run's lease released")
+
+
+def test_status_shows_the_queue_and_the_jobs_that_ended(cgd: Cgd) -> None:
+    ok(cgd, "allocate", "done", "--gpus", "1", "--", "true")
+    ok(cgd, "allocate", "crash", "--gpus", "1", "--restart", "never", "--", "sh", "-c", "exit 3")
+    assert cgd.cgctl("wait", "crash").returncode == 3 and cgd.cgctl("wait", "done").returncode == 0
+    ok(cgd, "allocate", "holder", "--gpus", "7")
+    ok(cgd, "allocate", "big", "--gpus", "8", "--detach", "--", "true")
+    text = ok(cgd, "status")
+    glance = text.split("components:\n", 1)[1].splitlines()
+    assert glance[0].split()[:4] == ["pending", "#1", "big", "root"] and "needs 8 whole GPUs" in glance[0], glance
+    assert glance[1].split()[:5] == ["failed", "crash", "root", "exit", "3"], glance
+    assert glance[2].split()[:5] == ["completed", "done", "root", "exit", "0"], glance
+    assert all(len(line) <= 80 for line in text.splitlines())
+    doc = json.loads(ok(cgd, "status", "--json"))
+    assert [(c["name"], c["state"]) for c in doc["components"]] == [
+        ("big", "pending"), ("crash", "failed"), ("done", "completed")]
+    assert "in use by root (component holder)" in doc["components"][0]["queue"]["reason"]

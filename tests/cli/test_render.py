@@ -99,6 +99,30 @@ def test_status_of_mig_gpu_and_lost_groups() -> None:
     assert "LOST groups" in text and "old-0 (old): 7" in text
 
 
+def test_status_lists_the_queue_what_restarts_and_what_ended_within_80_columns() -> None:
+    long_reason = ("needs 8 whole GPUs; 1 free: GPU 7 (not free: in use by alice (component train): GPUs 0-5; "
+                   "in use by bob (reservation later): GPU 6)")
+    ended = [{"name": f"job-{i}", "state": "completed", "user": "alice", "exit_code": 0, "duration_s": 2.0 + i,
+              "restarts": 0, "queue": None} for i in range(7)]
+    doc = {**status(), "components": [
+        {"name": "big", "state": "pending", "user": "carol", "queue": {"position": 1, "reason": long_reason},
+         "restarts": 0},
+        {"name": "web", "state": "restarting", "user": "bob", "queue": None, "restarts": 3},
+        {"name": "crash", "state": "failed", "user": "alice", "exit_code": 3, "duration_s": 0.4, "restarts": 5,
+         "queue": None},
+        *ended,
+    ]}
+    lines = status_text(doc, plain)
+    at = lines.index("components:")
+    listed = lines[at + 1:]
+    assert listed[0].startswith("  pending #1  big    carol  needs 8 whole GPUs; 1 free: GPU 7 (not free: in")
+    assert listed[0].endswith("...") and listed[1].split() == ["restarting", "web", "bob", "3", "restarts"]
+    assert listed[2].split() == ["failed", "crash", "alice", "exit", "3", "after", "0.4s,", "5", "restarts"]
+    assert len(listed) == 3 + 4 + 1 and "and 3 more that ended" in listed[-1]  # five ended at most
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert status_text(status(), plain)[-1] != "components:"  # nothing to list: no section
+
+
 def test_colour_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
     class Tty:
         def isatty(self) -> bool:
