@@ -32,6 +32,7 @@ from typing import Any
 from msgspec.structs import replace
 
 from computegroups.daemon.core.manager import Manager
+from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
     Caller,
     StateKeeper,
@@ -78,6 +79,9 @@ class _Diff:
     drop_workers: list[str] = field(default_factory=list)
     new_workers: list[str] = field(default_factory=list)
     restart: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    """Components that ended for good (jobs) and did not change: left as they are, their groups
+    not placed again, their workers not started again."""
 
     @property
     def stop(self) -> list[str]:
@@ -334,17 +338,21 @@ def _diff(doc: StateDoc, name: str, plan: Plan, spec: DeploymentSpec | None, own
         if c.name not in ours and attached in mine - set(plan.instances):
             raise Conflict(f"component {c.name!r} is attached to {attached!r} of deployment {name!r}: "
                            "release it first")
-    diff.stale_groups = sorted(held - set(plan.groups))
-    diff.new_groups = sorted(set(plan.groups) - held)
-    diff.kept_groups = sorted(held & set(plan.groups))
-    diff.gone_components = sorted(mine - set(plan.instances))
-    diff.new_components = sorted(set(plan.instances) - mine)
-    wanted = {ref: inst for ref, inst in plan.refs().items() if inst.component.command is not None}
-    current = {ref for ref, w in doc.workers.items() if w.component in mine}
-    wanted_groups = plan.groups_of()
     changed = {path for path in mine & set(plan.instances)
                if (doc.components[path].spec, doc.components[path].shadow_of)
                != (_instance_spec(plan.instances[path]), plan.instances[path].shadow_of)}
+    finished = {path for path in mine & set(plan.instances) - changed if doc.components[path].state in FINISHED}
+    diff.finished = sorted(finished)
+    idle = {gid for gid, g in plan.groups.items() if g.users and all(component_of(u) in finished for u in g.users)}
+    diff.stale_groups = sorted(held - set(plan.groups))
+    diff.new_groups = sorted(set(plan.groups) - held - idle)
+    diff.kept_groups = sorted(held & set(plan.groups))
+    diff.gone_components = sorted(mine - set(plan.instances))
+    diff.new_components = sorted(set(plan.instances) - mine)
+    wanted = {ref: inst for ref, inst in plan.refs().items()
+              if inst.component.command is not None and inst.path not in finished}
+    current = {ref for ref, w in doc.workers.items() if w.component in mine and w.component not in finished}
+    wanted_groups = plan.groups_of()
     diff.drop_workers = sorted(current - set(wanted))
     diff.new_workers = sorted(set(wanted) - current)
     using: dict[str, list[str]] = {}
@@ -354,6 +362,11 @@ def _diff(doc: StateDoc, name: str, plan: Plan, spec: DeploymentSpec | None, own
     diff.restart = sorted(ref for ref in current & set(wanted)
                           if wanted[ref].path in changed or list(wanted_groups[ref]) != using.get(ref, []))
     return diff
+
+
+def _live(users: tuple[str, ...], diff: _Diff) -> tuple[str, ...]:
+    """A group's users but the replicas of finished components: an ended job holds no group."""
+    return tuple(u for u in users if component_of(u) not in diff.finished)
 
 
 def _instance_spec(inst: InstancePlan) -> ComponentSpec:
@@ -372,7 +385,7 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
     for gid in diff.stale_groups:
         del doc.groups[gid]
     for gid in diff.kept_groups:
-        users = tuple(sorted(set(plan.groups[gid].users) | set(diff.foreign_users.get(gid, ()))))
+        users = tuple(sorted(set(_live(plan.groups[gid].users, diff)) | set(diff.foreign_users.get(gid, ()))))
         if users != doc.groups[gid].users:
             doc.groups[gid] = replace(doc.groups[gid], users=users)
     batches: dict[tuple[str, str], list[str]] = {}
@@ -387,7 +400,8 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
             g = plan.groups[p.group_id]
             doc.groups[g.id] = group_record(
                 keeper.machine, p, claim, owner=g.owner, owner_uid=owner_uid, owner_gid=owner_gid,
-                users=g.users, scope=Scope(g.scope), replica=g.replica, state=GroupState.ALLOCATED, created=now,
+                users=_live(g.users, diff), scope=Scope(g.scope), replica=g.replica, state=GroupState.ALLOCATED,
+                created=now,
             )
     for path in diff.gone_components:
         del doc.components[path]
@@ -403,6 +417,11 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
             state=ComponentState.RUNNING if inst.component.command else ComponentState.ALLOCATED, deployment=diff.name,
             shadow_of=inst.shadow_of, created=current.created if current else now,
         )
+    for ref in diff.restart:
+        w = doc.workers[ref]
+        if w.outcome is not None:  # a job that ended and changed since: it runs anew
+            doc.workers[ref] = replace(w, pid=None, create_time=None, outcome=None, exit_code=None, ended_at=None,
+                                       restarts=0, started_at=now)
     refs = plan.refs()
     for ref in diff.new_workers:
         inst = refs[ref]

@@ -283,3 +283,43 @@ def test_a_worker_that_cannot_start_undoes_the_whole_change(cgd: Cgd) -> None:
     blocked.rmdir()
     status, reply = cgd.request("POST", "/v1/deployments/dd/scale", {"target": "w", "replicas": 2})
     assert status == 200, reply
+
+
+def test_a_deployment_runs_services_unless_a_component_says_otherwise(cgd: Cgd, tmp_path: Path) -> None:
+    """Components of a deployment default to `always`; `restart.policy` makes one a job."""
+    deployment = tmp_path / "mixed.toml"
+    deployment.write_text(
+        'name = "mixed"\n\n[[claims]]\nname = "one"\ngpus = 1\n\n'
+        '[[components]]\nname = "svc"\ncommand = ["sh", "-c", "echo run; exit 0"]\n'
+        'restart = {max_retries = 100, backoff_s = 0}\nsharing = [{claim = "one", scope = "per-replica"}]\n\n'
+        '[[components]]\nname = "job"\ncommand = ["sh", "-c", "echo run; exit 0"]\n'
+        'restart = {policy = "on-failure"}\nsharing = [{claim = "one", scope = "per-replica"}]\n\n'
+        '[[components]]\nname = "once"\ncommand = ["sh", "-c", "echo run; exit 4"]\n'
+        'restart = {policy = "never"}\nsharing = [{claim = "one", scope = "per-replica"}]\n')
+    cgctl(cgd, "apply", "-f", str(deployment))
+
+    def runs(name: str) -> int:
+        log = cgd.log_dir / f"mixed-0-{name}" / "0.out"
+        return log.read_text().count("run\n") if log.exists() else 0
+
+    for name, state, code in (("job", "completed", 0), ("once", "failed", 4)):
+        status, reply = cgd.request("GET", f"/v1/components/mixed-0-{name}/wait?until=ended&timeout=20", timeout=25)
+        assert status == 200 and reply["reached"], reply
+        assert (reply["component"]["state"], reply["component"]["exit_code"]) == (state, code), reply
+        assert reply["component"]["restart"] == ("on-failure" if name == "job" else "never")
+        assert runs(name) == 1
+    wait_for(lambda: runs("svc") >= 3, "the service started again after exiting 0")
+    status, svc = cgd.request("GET", "/v1/components/mixed-0-svc")
+    assert svc["restart"] == "always" and svc["state"] in ("running", "restarting"), svc
+    assert sorted(cgd.state()["groups"]) == ["mixed-0-svc-0-one"]  # the ended jobs gave theirs back
+
+    cgctl(cgd, "apply", "-f", str(deployment))  # the same file: the ended jobs stay as they are
+    assert sorted(cgd.state()["groups"]) == ["mixed-0-svc-0-one"]
+    _, job = cgd.request("GET", "/v1/components/mixed-0-job")
+    assert job["state"] == "completed" and runs("job") == 1, job
+
+    deployment.write_text(deployment.read_text().replace("echo run; exit 4", "echo run; exit 0"))
+    cgctl(cgd, "apply", "-f", str(deployment))  # a job that changed runs anew
+    status, reply = cgd.request("GET", "/v1/components/mixed-0-once/wait?until=ended&timeout=20", timeout=25)
+    assert reply["reached"] and (reply["component"]["state"], reply["component"]["exit_code"]) == ("completed", 0)
+    assert runs("once") == 2 and sorted(cgd.state()["groups"]) == ["mixed-0-svc-0-one"]
