@@ -196,3 +196,88 @@ def test_status_shows_the_queue_and_the_jobs_that_ended(cgd: Cgd) -> None:
     assert [(c["name"], c["state"]) for c in doc["components"]] == [
         ("big", "pending"), ("crash", "failed"), ("done", "completed")]
     assert "in use by root (component holder)" in doc["components"][0]["queue"]["reason"]
+
+
+def test_allocate_wait_reconnects_across_a_kill_9_of_cgd_and_is_placed(start_cgd, tmp_path: Path) -> None:
+    cgd = start_cgd("dgx-h100")
+    go = tmp_path / "go"
+    ok(cgd, "allocate", "holder", "--gpus", "8", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done")
+    waiting = subprocess.Popen(
+        [str(Path(sys.executable).parent / "cgctl"), "allocate", "later", "--gpus", "8", "--wait", "--",
+         "sh", "-c", "echo ran"], env=cgd.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: "pending #1" in ok(cgd, "list"), "the claim queued")
+    cgd.kill9()
+    cgd.start()
+    assert waiting.poll() is None, "cgctl keeps waiting while cgd is away"
+    go.touch()
+    out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 0 and out.startswith("started later"), (out, err)
+    ok(cgd, "wait", "later")
+    assert (cgd.log_dir / "later" / "0.out").read_text() == "ran\n"
+
+
+def test_a_queued_claim_survives_a_reboot(start_cgd, tmp_path: Path) -> None:
+    """cgd starts and finds none of the recorded workers: the holder starts again by its policy and
+    the claim behind it is still queued, and runs once the holder is done."""
+    cgd = start_cgd("dgx-h100")
+    go = tmp_path / "go"
+    ok(cgd, "allocate", "holder", "--gpus", "8", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done")
+    ok(cgd, "allocate", "later", "--gpus", "8", "--detach", "--", "sh", "-c", "echo ran")
+    wait_for(lambda: cgd.worker_pids(), "the holder running")
+    cgd.kill9()
+    for pid in cgd.worker_pids():
+        os.kill(pid, 9)
+    wait_for(lambda: not cgd.worker_pids(), "nothing of the last boot runs")
+    cgd.start()
+    listed = json.loads(ok(cgd, "list", "--json"))["components"]
+    states = {c["name"]: c["state"] for c in listed}
+    assert states == {"holder": "running", "later": "pending"}, listed
+    go.touch()
+    ok(cgd, "wait", "later", "--timeout", "20s")
+    assert (cgd.log_dir / "later" / "0.out").read_text() == "ran\n"
+
+
+def test_a_finished_jobs_group_stays_while_a_sharer_uses_it(cgd: Cgd, tmp_path: Path) -> None:
+    base_go, side_go = tmp_path / "base-go", tmp_path / "side-go"
+    ok(cgd, "allocate", "base", "--gpus", "1", "--", "sh", "-c", f"while [ ! -e {base_go} ]; do sleep 0.02; done")
+    ok(cgd, "allocate", "side", "--share-with", "base", "--", "sh", "-c",
+       f"while [ ! -e {side_go} ]; do sleep 0.02; done")
+    base_go.touch()
+    ok(cgd, "wait", "base")
+    groups = json.loads(ok(cgd, "status", "--json"))["gpus"]
+    held = [g for g in groups if g["groups"]]
+    assert [(g["groups"], g["components"]) for g in held] == [(["base-0"], ["side"])], held
+    assert cgd.cgctl("allocate", "whole-box", "--gpus", "8").returncode == 1  # one GPU is still the sharer's
+    side_go.touch()
+    ok(cgd, "wait", "side")
+    assert not [g for g in json.loads(ok(cgd, "status", "--json"))["gpus"] if g["groups"]]
+    ok(cgd, "allocate", "whole-box", "--gpus", "8")
+
+
+def test_release_shows_what_it_waits_for_on_a_terminal(cgd: Cgd) -> None:
+    stubborn = "trap '' TERM; echo ready; while :; do sleep 0.05; done"
+    ok(cgd, "allocate", "stubborn", "--gpus", "1", "--", "sh", "-c", stubborn)
+    wait_for(lambda: (cgd.log_dir / "stubborn" / "0.out").read_text() == "ready\n", "the worker up")
+    (pid,) = json.loads(ok(cgd, "list", "--json"))["components"][0]["replicas"][0]["pids"]
+    main, terminal = os.openpty()
+    try:
+        done = subprocess.run([str(Path(sys.executable).parent / "cgctl"), "release", "stubborn",
+                               "--stop-timeout", "1.5s"], env=cgd.env(), stdout=subprocess.PIPE,
+                              stderr=terminal, text=True, timeout=30)
+        os.close(terminal)
+        shown = b""
+        while chunk := _read_some(main):
+            shown += chunk
+    finally:
+        os.close(main)
+    assert done.returncode == 0 and done.stdout.startswith("released stubborn"), done
+    text = shown.decode()
+    assert f"stopping stubborn: waiting for 1 worker (pid {pid}) to exit" in text, text
+    assert "of 1.5s before SIGKILL" in text and text.endswith("\r\x1b[K"), text
+
+
+def _read_some(fd: int) -> bytes:
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the terminal's other end is closed and everything was read
+        return b""
