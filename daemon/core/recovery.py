@@ -78,6 +78,7 @@ async def recover(manager: Manager) -> RecoveryReport:
             await keeper.durable()
 
         adopted, to_start, ended, refused = [], [], [], []
+        told: dict[str, int] = {}
         for ref, w in sorted(keeper.doc.workers.items()):
             comp = keeper.doc.components.get(w.component)
             if comp is None or comp.state == "lost" or comp.state in FINISHED or w.outcome is not None:
@@ -88,10 +89,14 @@ async def recover(manager: Manager) -> RecoveryReport:
                 log.error("not running %s again: %s", ref, exc)
                 refused.append(ref)  # its process, if alive, is a stray now: stopped below
                 continue
+            mode = comp.spec.restart.mode
+            code = manager.supervisor.exit_status(watcher_key(w.component, w.replica), w.pid) if w.pid else None
             if w.pid and w.create_time and manager.supervisor.adopt(spec, w.pid, w.create_time):
                 adopted.append(ref)
                 manager.replica_states[ref] = "adopted"
-            elif comp.spec.restart.mode == RestartMode.NEVER and w.pid:
+            elif code is not None and mode != RestartMode.ALWAYS and (code == 0 or mode == RestartMode.NEVER):
+                told[ref] = code  # it ended while no cgd ran, and its launch shim wrote how
+            elif mode == RestartMode.NEVER and w.pid:
                 ended.append(ref)  # it ran, and ended while cgd was down (a reboot, say): never again
             else:
                 to_start.append(ref)
@@ -101,6 +106,9 @@ async def recover(manager: Manager) -> RecoveryReport:
             manager._end_for_good(ended, Outcome.FAILED, None)
         if refused:
             manager._end_for_good(refused, Outcome.FAILED, None)
+        for ref, code in told.items():
+            log.info("%s ended with status %d while cgd was down", ref, code)
+            manager._end_for_good([ref], Outcome.COMPLETED if code == 0 else Outcome.FAILED, code)
         counted = [ref for ref in to_start if keeper.doc.workers[ref].pid
                    and keeper.doc.components[keeper.doc.workers[ref].component].spec.restart.mode
                    == RestartMode.ON_FAILURE]

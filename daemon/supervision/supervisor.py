@@ -332,6 +332,12 @@ class Supervisor:
             handle.close()
         return True
 
+    def exit_status(self, key: str, pid: int) -> int | None:
+        """How the worker whose launch shim was `pid` ended, as the shim wrote it: for a worker that
+        ended while no cgd watched it. None while it runs, or when nothing was written."""
+        status = read_status(self._status_file(key))
+        return status.code if status is not None and status.shim == pid else None
+
     def signal(self, key: str, signum: int) -> bool:
         """Send `signum` to the worker's main process only (not its group:
         a promotion signal must not kill children that ignore it). False if

@@ -285,3 +285,21 @@ def test_a_refusal_names_the_people_and_what_holds_the_gpus(cgd: Cgd, tmp_path: 
         assert holder in message, message
     queued = allocate(cgd, {"name": "big", "claim": {"gpus": 8}, "wait": True, "detach": True})
     assert "in use by root (component train)" in queued["queue"]["reason"], queued
+
+
+def test_a_job_that_ended_while_cgd_was_down_is_judged_by_its_status(start_cgd, tmp_path: Path) -> None:
+    """Its launch shim wrote how it ended: exit 0 completes it (no second run), a failure under
+    `never` is failed with its code."""
+    cgd = start_cgd("dgx-h100")
+    go = tmp_path / "go"
+    for name, policy, code in (("ok", "on-failure", 0), ("bad", "never", 3)):
+        allocate(cgd, {"name": name, "claim": {"gpus": 1}, "restart": {"policy": policy},
+                       "command": ["sh", "-c", f"echo run; while [ ! -e {go} ]; do sleep 0.02; done; exit {code}"]})
+        wait_for(functools.partial(runs_are, cgd.log_dir / name / "0.out", 1), f"{name} running")
+    cgd.kill9()
+    go.touch()
+    wait_for(lambda: not cgd.worker_pids(), "both ended while cgd was down")
+    cgd.start()
+    assert (ended(cgd, "ok")["state"], ended(cgd, "ok")["exit_code"]) == ("completed", 0)
+    assert (ended(cgd, "bad")["state"], ended(cgd, "bad")["exit_code"]) == ("failed", 3)
+    assert runs(cgd.log_dir / "ok" / "0.out") == 1 and runs(cgd.log_dir / "bad" / "0.out") == 1

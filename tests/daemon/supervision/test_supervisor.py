@@ -438,7 +438,8 @@ def test_kept_workers_keep_logging_and_are_adopted_by_the_next_supervisor(tmp_pa
             assert rec.starts == []
             os.kill(worker.pid, signal.SIGKILL)
             await until(lambda: len(rec.starts) == 1)
-            assert sup.pids("keep.0") == [await worker_of(sup, "keep.0")] != [worker.pid]
+            restarted = await worker_of(sup, "keep.0")
+            assert sup.pids("keep.0") == [restarted] and restarted != worker.pid
 
         rec = run_with(tmp_path, second)
     finally:
