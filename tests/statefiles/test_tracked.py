@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
@@ -25,7 +27,7 @@ def untracked(doc: StateDoc) -> StateDoc:
     return plain
 
 
-def apply_edits(groups: dict, edits: list[tuple[str, str]]) -> None:  # type: ignore[type-arg]
+def apply_edits(groups: dict[str, Any], edits: list[tuple[str, str]]) -> None:
     template = BASE.groups[sorted(BASE.groups)[0]]
     for kind, key in edits:
         changed = replace(template, id=key, state=GroupState.DRAINING)
