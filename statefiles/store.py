@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 STATE_FILE = "state.json"
 BACKUP_FILE = "state.json.bak"
 LOCK_FILE = "state.lock"
-HOLDER_FILE = "state.lock.holder"
 SNAPSHOT_EVERY = 1000
 """Journal entries between snapshots: a start replays at most this many, a snapshot costs one whole write."""
 _JOURNAL_MAX_BYTES = 64 << 20
@@ -127,9 +126,9 @@ class StateStore:
         self.journal_path = self.directory / journal.JOURNAL_FILE
         self.journal_backup_path = self.directory / journal.JOURNAL_BACKUP
         self.lock_path = self.directory / LOCK_FILE
-        self._holder_path = self.directory / HOLDER_FILE
         self._file_lock = filelock.FileLock(str(self.lock_path), mode=0o600)
         self._thread_lock = threading.Lock()
+        self._made = False
         self._in_transaction = threading.local()
         self.durable_generation = -1
         """The newest generation known to be on disk (fsync'd, file and directory); -1 until the first read."""
@@ -391,7 +390,9 @@ class StateStore:
         if not self._thread_lock.acquire(timeout=timeout):
             raise StateLockedError(self._locked_message(timeout, os.getpid(), "another thread of this process"))
         try:
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not self._made:  # once: a commit should not pay a system call for a directory that exists
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._made = True
             self._file_lock.acquire(timeout=max(0.0, deadline - time.monotonic()), poll_interval=_POLL_S)
         except filelock.Timeout:
             self._thread_lock.release()
@@ -405,24 +406,7 @@ class StateStore:
         except BaseException:
             self._thread_lock.release()
             raise
-        try:
-            self._record_holder()
-        except BaseException:
-            self._release()
-            raise
         self._in_transaction.open = True
-
-    def _record_holder(self) -> None:
-        """For the "locked by pid N" of whoever waits next; an existing file is rewritten, never followed."""
-        try:
-            fd = os.open(self._holder_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600)
-            try:
-                _write_all(fd, b"%d\n" % os.getpid())
-            finally:
-                os.close(fd)
-        except OSError:
-            log.debug("could not record the lock holder in %s", self._holder_path, exc_info=True)
 
     def _release(self) -> None:
         self._in_transaction.open = False
@@ -432,9 +416,13 @@ class StateStore:
             self._thread_lock.release()
 
     def _holder(self) -> tuple[int | None, str | None]:
+        """Who holds the lock, as the kernel says (/proc/locks), so nothing is written per transaction
+        to remember it and no record of it can go stale."""
         try:
-            pid = int(self._holder_path.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+            pid = lock_holder(self.lock_path)
+        except OSError:
+            return None, None
+        if pid is None:
             return None, None
         try:
             return pid, psutil.Process(pid).name()
@@ -786,3 +774,19 @@ def _unused(path: Path) -> Path:
     while os.path.lexists(candidate):
         candidate, n = path.with_name(f"{path.name}.{n}"), n + 1
     return candidate
+
+
+def lock_holder(path: Path) -> int | None:
+    """The pid holding a flock on `path`, from /proc/locks (device and inode); None when none is listed.
+
+    A holder in another pid namespace is listed as 0 or not at all: then it is unknown.
+    """
+    st = os.stat(path)
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+        for line in locks:
+            fields = line.split()
+            if len(fields) >= 6 and fields[1] == "FLOCK" and "->" not in fields and fields[5] == wanted:
+                pid = int(fields[4])
+                return pid or None
+    return None

@@ -124,7 +124,6 @@ SCENARIOS: dict[str, tuple[str, Callable[[Path], Iterator[StateStore]]]] = {
     "torn journal end set aside": ("state.journal.corrupt-T", _torn_journal),
     "bad state file set aside": ("state.json.corrupt-T", _fallback),
     "lock": ("state.lock", _any_transaction),
-    "lock holder": ("state.lock.holder", _any_transaction),
 }
 
 

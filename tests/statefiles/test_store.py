@@ -210,7 +210,7 @@ def test_the_previous_generation_is_kept_as_the_backup(store: StateStore) -> Non
     assert store.backup_path.read_bytes() == first
     assert StateStore(store.directory).load().generation == 2
     assert sorted(p.name for p in store.directory.iterdir()) == [
-        "state.journal.bak", "state.json", "state.json.bak", "state.lock", "state.lock.holder"]
+        "state.journal.bak", "state.json", "state.json.bak", "state.lock"]
 
 
 def test_the_backup_is_copied_where_hard_links_are_refused(store: StateStore,
