@@ -19,9 +19,10 @@ from computegroups.daemon.core.transactions import (
     detach_refs,
     remove_component,
 )
+from computegroups.daemon.core.views import user_name
 from computegroups.daemon.core.workers import replica_ref
 from computegroups.daemon.model.enums import ComponentState, Outcome, RestartMode
-from computegroups.daemon.model.errors import Conflict
+from computegroups.daemon.model.errors import Conflict, LimitReached
 from computegroups.daemon.model.requests import ComponentRequest
 from computegroups.daemon.supervision.processes import start_time
 from computegroups.statefiles.schema import ComponentRecord, StateDoc
@@ -50,6 +51,7 @@ def enqueue(doc: StateDoc, keeper: StateKeeper, request: ComponentRequest, calle
     if name in doc.components:
         raise Conflict(f"component {name!r} exists: release it first or pick another name")
     check_components_limit(doc, caller, keeper.config.limits.components_per_user)
+    check_pending_limit(doc, caller, keeper.config.limits.pending_per_user)
     owner = keeper.path_owner(doc, name)
     if owner is not None:
         raise Conflict(f"{name!r} is a path of deployment {owner!r}, whose groups it names: pick another name")
@@ -64,6 +66,21 @@ def enqueue(doc: StateDoc, keeper: StateKeeper, request: ComponentRequest, calle
     )
     doc.components[name] = comp
     return comp
+
+
+def check_pending_limit(doc: StateDoc, caller: Caller, limit: int) -> None:
+    """One user may not hold more than `limit` claims in the queue (root may).
+
+    Every queued claim is looked at on each pass of the queue, under the
+    lock: one user's thousands would slow every other user's allocations.
+    """
+    if caller.is_root:
+        return
+    queued = sum(1 for c in doc.components.values()
+                 if c.owner_uid == caller.uid and c.state == ComponentState.PENDING)
+    if queued >= limit:
+        raise LimitReached(f"{user_name(caller.uid)} has {queued} claims queued, the most one user may have "
+                           f"(limits.pending_per_user = {limit}): cancel some or wait for them to start")
 
 
 def queued_request(comp: ComponentRecord) -> tuple[ComponentRequest, Caller]:

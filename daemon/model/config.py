@@ -121,6 +121,7 @@ class Limits(_Section, frozen=True, kw_only=True):
     """Per user, so one user cannot exhaust cgd for the others; root has none."""
 
     components_per_user: PositiveInt = 256
+    pending_per_user: PositiveInt = 64
     connections_per_user: PositiveInt = 64
 
 

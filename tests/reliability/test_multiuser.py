@@ -282,3 +282,46 @@ def test_cwd_and_command_are_checked_as_the_asking_user(shared_cgd: Cgd, second_
             "name": "mine", "claim": {"memory_mib": 1024}, "command": [str(tool)], "cwd": str(private)})[0] == 201
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+@pytest.fixture
+def limited_cgd(start_cgd: Callable[..., Cgd], second_user: User) -> Iterator[Cgd]:
+    """A cgd the second user can reach, with per-user limits small enough to reach in a test."""
+    root = Path(tempfile.mkdtemp(prefix="cg-limits-"))
+    root.chmod(0o755)
+    config = root / "cgd.toml"
+    config.write_text("[limits]\npending_per_user = 2\n")
+    config.chmod(0o644)
+    cgd = None
+    try:
+        cgd = start_cgd("dgx-h100", "--config", str(config), root=root)
+        yield cgd
+    finally:
+        if cgd is not None:
+            cgd.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def queue(cgd: Cgd, name: str, user: User | None = None) -> tuple[int, Any]:
+    """Queue a claim for all 8 GPUs that stays queued when its (short-lived) client goes."""
+    body = {"name": name, "claim": {"gpus": 8}, "wait": True, "detach": True}
+    return user.request(cgd, "POST", "/v1/components", body) if user else cgd.request("POST", "/v1/components", body)
+
+
+def test_one_user_may_queue_only_so_many_claims(limited_cgd: Cgd, second_user: User) -> None:
+    cgd = limited_cgd
+    assert cgd.request("POST", "/v1/components", {"name": "all", "claim": {"gpus": 8}})[0] == 201
+    for name in ("r0", "r1", "r2"):  # root has no limit, and its claims count against nobody else
+        status, reply = queue(cgd, name)
+        assert status == 201 and reply["state"] == "pending", reply
+    for name in ("u0", "u1"):
+        status, reply = queue(cgd, name, second_user)
+        assert status == 201 and reply["state"] == "pending", reply
+    status, reply = queue(cgd, "u2", second_user)
+    assert status == 429 and reply["error"]["code"] == "limit_reached", reply
+    assert reply["error"]["message"] == (f"{USER} has 2 claims queued, the most one user may have "
+                                         "(limits.pending_per_user = 2): cancel some or wait for them to start")
+    assert "u2" not in cgd.state()["components"]
+    assert cgd.request("DELETE", "/v1/components/u0")[0] == 200  # one leaves the queue: room for another
+    status, reply = queue(cgd, "u2", second_user)
+    assert status == 201 and reply["state"] == "pending", reply
