@@ -1,6 +1,6 @@
 """The listener on cgd's Unix socket: who may connect, how many, and what a refusal looks like.
 
-Connections are capped in all and per uid with a JSON 503, accept backs off
+Connections are capped in all and per uid (root excepted) with a JSON 503, accept backs off
 when file descriptors run out, and a live cgd's socket is never taken over.
 """
 
@@ -237,9 +237,16 @@ class CgdHTTPServer(tornado.httpserver.HTTPServer):
         self.handle_stream(stream, address)
 
     def _over_cap(self, uid: int) -> str | None:
+        """Why a connection from `uid` is refused, or None.
+
+        The per-uid cap keeps one user from crowding out the others; root
+        administers cgd and has none (as with the other per-user limits).
+        The global cap holds for root too: it is what keeps cgd's own
+        descriptors from running out, whoever opens the connections.
+        """
         if len(self.owners) >= self.max_connections:
             return f"too many connections to cgd ({len(self.owners)} open); try again later"
-        if self.per_uid[uid] >= self.max_per_uid:
+        if uid != 0 and self.per_uid[uid] >= self.max_per_uid:
             return f"too many connections from uid {uid} ({self.per_uid[uid]} open); close some and retry"
         return None
 

@@ -18,6 +18,7 @@ import json
 import os
 import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -290,7 +291,7 @@ def limited_cgd(start_cgd: Callable[..., Cgd], second_user: User) -> Iterator[Cg
     root = Path(tempfile.mkdtemp(prefix="cg-limits-"))
     root.chmod(0o755)
     config = root / "cgd.toml"
-    config.write_text("[limits]\npending_per_user = 2\n")
+    config.write_text("[limits]\npending_per_user = 2\nconnections_per_user = 2\n")
     config.chmod(0o644)
     cgd = None
     try:
@@ -325,3 +326,36 @@ def test_one_user_may_queue_only_so_many_claims(limited_cgd: Cgd, second_user: U
     assert cgd.request("DELETE", "/v1/components/u0")[0] == 200  # one leaves the queue: room for another
     status, reply = queue(cgd, "u2", second_user)
     assert status == 201 and reply["state"] == "pending", reply
+
+
+def third_connection(path: Path) -> str:
+    """Hold two idle connections to cgd and return what it answers on a third."""
+    held = []
+    try:
+        for _ in range(3):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            sock.connect(str(path))
+            held.append(sock)
+        chunks = []
+        while chunk := held[-1].recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_connections_over_the_per_user_cap_are_refused_but_not_roots(limited_cgd: Cgd, second_user: User) -> None:
+    answer = as_user(second_user, lambda: third_connection(limited_cgd.socket))
+    assert answer.startswith("HTTP/1.1 503 "), answer
+    assert f"too many connections from uid {second_user.uid} (2 open)" in answer, answer
+    roots = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(5)]
+    try:
+        for sock in roots:
+            sock.connect(str(limited_cgd.socket))
+        assert limited_cgd.request("GET", "/v1/version")[0] == 200  # the sixth of root's connections
+    finally:
+        for sock in roots:
+            sock.close()
+    assert second_user.request(limited_cgd, "GET", "/v1/version")[0] == 200
