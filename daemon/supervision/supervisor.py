@@ -68,6 +68,9 @@ KILL_WAIT_S = 5.0
 """How long to wait for a process group after SIGKILL; longer means one of
 its processes is stuck in the kernel (uninterruptible sleep, often a wedged
 GPU) and is left to it."""
+FORK_WAIT_S = 5.0
+"""How long a start waits for its shim to fork the worker: a loaded box may take a while to start
+an interpreter, but a shim that never forks (it could not run the command) ends at once."""
 GROUP_POLL_S = 0.05
 """How often a stopping worker's group is looked at once the worker itself
 has exited: a stop lasts this much longer than the group at most."""
@@ -408,10 +411,25 @@ class Supervisor:
             if process is not None else None
         if process is None or handle is None:
             raise SpawnError(f"worker {spec.key}: circus could not start the process")
-        worker.run = self._watch(worker, handle, process)
+        worker.run = run = self._watch(worker, handle, process)
+        await self._forked(worker, run)
         started = WorkerStart(spec.key, handle.pid, handle.create_time)
         _call(self._on_start, started)
         return started
+
+    async def _forked(self, worker: _Worker, run: _Run) -> None:
+        """Return once the shim has forked the worker (its status file names it) or has ended.
+
+        A start answers with the worker's own pid, the one NVML, `ps` and its
+        user see; the shim forks it within a few milliseconds of its own
+        start, so this polls briefly rather than watching the file.
+        """
+        find = self._worker_finder(worker.spec.key, run.handle.pid)
+        loop = self._running_loop()
+        deadline, delay = loop.time() + FORK_WAIT_S, 0.0005
+        while worker.run is run and find() is None and loop.time() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.01)
 
     def _watch(self, worker: _Worker, handle: ProcessHandle, process: Process | None, shim: bool = True) -> _Run:
         run = _Run(handle, process, self._running_loop().create_future(), shim)
