@@ -18,6 +18,7 @@ from computegroups import __version__
 from computegroups.cli.context import CliContext
 
 COMMANDS = {
+    "ack-state-loss": "status:ack_state_loss",
     "allocate": "allocate:allocate",
     "apply": "deploy:apply",
     "delete": "deploy:delete",

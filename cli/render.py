@@ -260,12 +260,23 @@ def _fit(line: str, width: int) -> str:
     return line if len(line) <= width else line[:width - 3] + "..."
 
 
+def state_loss_lines(lost: list[Doc], style: Style) -> list[str]:
+    """First in the status, so it is not missed: cgd runs workers its state no longer knows."""
+    if not lost:
+        return []
+    lines = [style("WARNING", fg="red", bold=True) + " cgd's state lost a generation; still running, not counted:"]
+    lines += [f"  {w['replica']} of {w['user']} (pids {', '.join(map(str, w['pids']))}; "
+              f"devices {w['devices'] or 'none'})" for w in lost]
+    return [*lines, "  `cgctl ack-state-loss` once looked at (root)", ""]
+
+
 def status_text(status: Doc, style: Style) -> list[str]:
     gpus = status.get("gpus") or []
     busy = sum(1 for g in gpus if g.get("groups"))
     drained = sum(1 for g in gpus if g.get("drained"))
     unhealthy = sum(1 for g in gpus if g.get("health") not in (None, "ok") or g.get("degraded"))
-    lines = [f"{len(gpus)} GPUs: {busy} in use, {drained} drained, {unhealthy} unhealthy"]
+    lines = [*state_loss_lines(status.get("state_loss") or [], style),
+             f"{len(gpus)} GPUs: {busy} in use, {drained} drained, {unhealthy} unhealthy"]
     for g in gpus:
         lines += ["", *gpu_block(g, style)]
     lost = status.get("lost_groups") or []

@@ -37,3 +37,17 @@ def list_components(mine: bool) -> None:
         emit_json({"components": [component_json(c) for c in components], "reservations": reservations})
     else:
         emit_lines(list_text(components, reservations))
+
+
+@click.command(name="ack-state-loss")
+def ack_state_loss() -> None:
+    """Stop the warning about workers started by a lost generation of cgd's state
+    (root). The workers keep running; stop them yourself if they should not."""
+    with talking():
+        reply = client().acknowledge_state_loss()
+    if json_wanted():
+        emit_json(reply)
+    elif reply["acknowledged"]:
+        emit_lines([f"acknowledged: {', '.join(w['replica'] for w in reply['acknowledged'])}"])
+    else:
+        emit_lines(["no state loss to acknowledge"])

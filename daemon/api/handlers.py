@@ -200,6 +200,11 @@ class HealthHandler(ApiHandler):
         await self.run(self.app.health)
 
 
+class StateLossHandler(ApiHandler):
+    async def post(self) -> None:
+        await self.run(lambda: self.app.manager.acknowledge_state_loss(self.caller))
+
+
 class ComponentsHandler(ApiHandler):
     async def get(self) -> None:
         await self.run(lambda: {"components": self.app.manager.components(self.query_int("owner"))})

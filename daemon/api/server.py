@@ -42,6 +42,7 @@ from computegroups.daemon.api.handlers import (
     ReservationsHandler,
     RestartHandler,
     ScaleHandler,
+    StateLossHandler,
     StatusHandler,
     VersionHandler,
     WaitHandler,
@@ -79,6 +80,7 @@ class CgdApp:
             "gpus": gpu_status(self.manager.keeper.machine, doc, self.health_monitor.as_dict()),
             "lost_groups": [group_view(doc, g) for g in doc.groups.values() if g.state == "lost"],
             "components": components_at_a_glance(self.manager.components()),
+            "state_loss": self.manager.state_loss,
         }
 
     def health(self) -> dict[str, Any]:
@@ -87,8 +89,9 @@ class CgdApp:
                  "reasons": facts.get(g.index, {}).get("reasons", [])}
                 for g in self.manager.keeper.machine.gpus]
         expected, running = self.manager.worker_counts()
-        degraded = any(g["health"] != "ok" for g in gpus)
+        degraded = any(g["health"] != "ok" for g in gpus) or bool(self.manager.state_loss)
         return {"status": "degraded" if degraded else "ok", "gpus": gpus,
+                "state_loss": self.manager.state_loss,
                 "last_sample": self.health_monitor.last_sample,
                 "workers": {"expected": expected, "running": running}}
 
@@ -100,6 +103,7 @@ class CgdApp:
             (r"/v1/machine", MachineHandler, kw),
             (r"/v1/status", StatusHandler, kw),
             (r"/v1/health", HealthHandler, kw),
+            (r"/v1/state/acknowledge-loss", StateLossHandler, kw),
             (r"/v1/components", ComponentsHandler, kw),
             (rf"/v1/components/{name}", ComponentHandler, kw),
             (rf"/v1/components/{name}/scale", ScaleHandler, kw),

@@ -49,6 +49,9 @@ class Endpoints(ABC, Generic[R]):
     def health(self) -> R:
         return self.send(Request("GET", "/v1/health"))
 
+    def acknowledge_state_loss(self) -> R:
+        return self.send(Request("POST", "/v1/state/acknowledge-loss"))
+
     def create_component(self, body: dict[str, Json]) -> R:
         return self.send(Request("POST", "/v1/components", body))
 

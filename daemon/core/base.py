@@ -51,6 +51,9 @@ class ManagerBase:
         self._queue_task: asyncio.Task | None = None
         self._queue_again = False
         self._adhoc = 0
+        self.state_loss: list[dict[str, Any]] = []
+        """Workers a lost generation of the state had started, kept running (see recovery.py);
+        reported by status and health until an operator acknowledges the loss."""
 
     @property
     def doc(self) -> StateDoc:

@@ -4,7 +4,8 @@ cgd may have died with `kill -9`, leaving workers running. On start it keeps
 every worker the state knows (same pid AND same start time, so a reused pid
 is never mistaken for one), starts the ones that died meanwhile, finishes
 releases that were cut short, and stops processes of a previous run that the
-state says should not run.
+state says should not run. Workers of replicas the state has no record of at
+all (it fell back to an older generation) are kept and reported instead.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from msgspec.structs import replace
 
@@ -38,14 +40,37 @@ class RecoveryReport:
     lost_groups: tuple[str, ...]
 
 
-def instance_processes(instance: str) -> list[tuple[int, float, str]]:
-    """(pid, start time, replica ref) of every process carrying this cgd's mark."""
+def instance_processes(instance: str) -> list[tuple[int, float, str, dict[str, str]]]:
+    """(pid, start time, replica ref, environment) of every process carrying this cgd's mark."""
     found = []
     for pid, start, env in marked_processes({INSTANCE_VAR: instance}):
         replica = env.get("CG_REPLICA", "")
         ref = replica_ref(env.get("CG_COMPONENT", "?"), int(replica) if replica.isdigit() else -1)
-        found.append((pid, start, ref))
+        found.append((pid, start, ref, env))
     return found
+
+
+def lost_generation_workers(marked: list[tuple[int, float, str, dict[str, str]]],
+                            known: set[str]) -> list[dict[str, Any]]:
+    """The replicas of marked processes that the state has no record of, as the loss to report.
+
+    cgd records a worker before it starts one and stops it before the record
+    goes, so a running process of this state's mark whose replica has no
+    record was started by a generation the state no longer holds: the state
+    fell back to an older snapshot. Such a worker is kept, not stopped as a
+    stray: the state lost track of it, its owner did not ask for it to end.
+    Its owner and devices come from its own environment, as cgd set it.
+    """
+    by_ref: dict[str, dict[str, Any]] = {}
+    for pid, _, ref, env in marked:
+        if ref in known:
+            continue
+        entry = by_ref.setdefault(ref, {
+            "replica": ref, "pids": [], "user": env.get("USER", "unknown"),
+            "devices": env.get("CUDA_VISIBLE_DEVICES", ""),
+        })
+        entry["pids"].append(pid)
+    return [by_ref[ref] for ref in sorted(by_ref)]
 
 
 async def recover(manager: Manager) -> RecoveryReport:
@@ -123,8 +148,14 @@ async def recover(manager: Manager) -> RecoveryReport:
             _finish_promotion(manager, keeper.doc.workers[ref])
 
         kept = {p for ref in adopted for p in process_tree(keeper.doc.workers[ref].pid)}
-        strays = [(pid, start, ref) for pid, start, ref in instance_processes(manager.paths.instance)
+        marked = [(pid, start, ref, env) for pid, start, ref, env in instance_processes(manager.paths.instance)
                   if pid not in kept and pid != os.getpid()]
+        manager.state_loss = lost_generation_workers(marked, set(keeper.doc.workers))
+        for lost_worker in manager.state_loss:
+            log.error("kept %s (pids %s, user %s) running: started by a generation of the state that was lost "
+                      "(a fallback to an older state?); acknowledge with `cgctl ack-state-loss` once looked at",
+                      lost_worker["replica"], ", ".join(map(str, lost_worker["pids"])), lost_worker["user"])
+        strays = [(pid, start, ref) for pid, start, ref, _ in marked if ref in keeper.doc.workers]
         for pid, _, ref in strays:
             log.warning("stopping pid %d (%s): the state says it should not run", pid, ref)
         await asyncio.gather(*(manager.supervisor.stop_stray(pid, start, 10.0) for pid, start, _ in strays))

@@ -6,22 +6,39 @@ state keeper and supervisor, and decides under its lock.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from msgspec.structs import replace
 
 from computegroups.daemon.core.base import ManagerBase, log
-from computegroups.daemon.core.transactions import release_reservation
+from computegroups.daemon.core.transactions import Caller, release_reservation
+from computegroups.daemon.core.views import user_name
 from computegroups.daemon.core.workers import (
     groups_by_replica,
     visible_devices,
     watcher_key,
 )
 from computegroups.daemon.model.enums import ComponentState, GroupState
-from computegroups.daemon.model.errors import Conflict
+from computegroups.daemon.model.errors import Conflict, Forbidden
 from computegroups.daemon.model.refs import ReplicaRef, component_of
 from computegroups.daemon.supervision.proctree import is_alive
 
 
 class Upkeep(ManagerBase):
+    def acknowledge_state_loss(self, caller: Caller) -> dict[str, Any]:
+        """Stop reporting the workers of a lost generation: an operator has seen them (root, or cgd's user).
+
+        The processes are not touched: whether they go is their owners' call, or the operator's.
+        """
+        if not caller.is_root and caller.uid != os.geteuid():
+            raise Forbidden("acknowledging a loss of cgd's state takes root (or cgd's own user)")
+        acknowledged, self.state_loss = self.state_loss, []
+        if acknowledged:
+            log.warning("state loss acknowledged by %s: %s", user_name(caller.uid),
+                        ", ".join(w["replica"] for w in acknowledged))
+        return {"acknowledged": acknowledged}
+
     def worker_pids_and_shares(self) -> tuple[dict[int, str], dict[tuple[str, int], int]]:
         roots: dict[int, str] = {}
         for ref, pids in self._pids().items():
