@@ -8,6 +8,8 @@ kill -9 of cgd, the next cgd adopts the workers but is nobody's parent, and
 without the shim it could not tell a job that exited 0 from one that
 failed. The shim:
 
+- joins the worker's cgroup first, when cgd tracks workers by cgroup (see
+  cgroups.py): the worker and everything it forks are born in it;
 - puts the worker in a process group of its own, which cgd signals to stop
   the worker and everything it spawned; the shim is not in it, so it never
   receives that signal and cannot pass it on a second time;
@@ -71,7 +73,7 @@ SPEC_SUFFIX = ".spec"
 EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
 STATUS_MODE = 0o600
-_FORMAT = "cg-launch-2"
+_FORMAT = "cg-launch-3"
 """The first field of every spec: a shim never execs a file it does not understand."""
 _ENCODING = ("utf-8", "surrogateescape")
 """As `os.fsencode` on Linux: any bytes of a path or argument go through unchanged."""
@@ -79,16 +81,18 @@ _ENCODING = ("utf-8", "surrogateescape")
 
 class LaunchSpec:
     """What the shim needs: the command, its complete environment, its user,
-    its log files and where to write how it ended. Encoded as `cg-launch-2`,
-    uid, gid, stdout, stderr, cwd (empty for none), status file (empty for
-    none), the number of arguments, the arguments, then one `KEY=VALUE` per
-    variable, separated by NUL (no field can hold one: the kernel takes every
-    one of them as a C string)."""
+    its log files, where to write how it ended and the worker's cgroup. Encoded
+    as `cg-launch-3`, uid, gid, stdout, stderr, cwd (empty for none), status
+    file (empty for none), cgroup directory (empty for none), the number of
+    arguments, the arguments, then one `KEY=VALUE` per variable, separated by
+    NUL (no field can hold one: the kernel takes every one of them as a C
+    string)."""
 
-    __slots__ = ("argv", "cwd", "env", "gid", "status", "stderr", "stdout", "uid")
+    __slots__ = ("argv", "cgroup", "cwd", "env", "gid", "status", "stderr", "stdout", "uid")
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], uid: int, gid: int,
-                 stdout: str, stderr: str, cwd: str | None = None, status: str | None = None) -> None:
+                 stdout: str, stderr: str, cwd: str | None = None, status: str | None = None,
+                 cgroup: str | None = None) -> None:
         self.argv = tuple(argv)
         self.env = dict(env)
         self.uid = uid
@@ -97,6 +101,7 @@ class LaunchSpec:
         self.stderr = stderr
         self.cwd = cwd
         self.status = status
+        self.cgroup = cgroup
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LaunchSpec) and self._fields() == other._fields()
@@ -114,7 +119,8 @@ class LaunchSpec:
             if not key or "=" in key:
                 raise ValueError(f"environment variable name {key!r} is empty or holds '='")
         fields = [_FORMAT, str(self.uid), str(self.gid), self.stdout, self.stderr, self.cwd or "",
-                  self.status or "", str(len(self.argv)), *self.argv, *(f"{k}={v}" for k, v in self.env.items())]
+                  self.status or "", self.cgroup or "", str(len(self.argv)), *self.argv,
+                  *(f"{k}={v}" for k, v in self.env.items())]
         if any("\0" in f for f in fields):
             raise ValueError("no argument, variable or path may hold a NUL byte")
         return "\0".join(fields).encode(*_ENCODING)
@@ -122,10 +128,10 @@ class LaunchSpec:
     @classmethod
     def decode(cls, data: bytes) -> LaunchSpec:
         fields = data.decode(*_ENCODING).split("\0")
-        if len(fields) < 9 or fields[0] != _FORMAT:
+        if len(fields) < 10 or fields[0] != _FORMAT:
             raise ValueError(f"not a {_FORMAT} spec")
-        count = int(fields[7])
-        argv, variables = fields[8:8 + count], fields[8 + count:]
+        count = int(fields[8])
+        argv, variables = fields[9:9 + count], fields[9 + count:]
         if count < 1 or len(argv) != count:
             raise ValueError("argv must be a non-empty list of strings")
         env = {}
@@ -135,7 +141,8 @@ class LaunchSpec:
                 raise ValueError(f"environment entry {item!r} is not KEY=VALUE")
             env[key] = value
         return cls(argv=argv, env=env, uid=int(fields[1]), gid=int(fields[2]),
-                   stdout=fields[3], stderr=fields[4], cwd=fields[5] or None, status=fields[6] or None)
+                   stdout=fields[3], stderr=fields[4], cwd=fields[5] or None, status=fields[6] or None,
+                   cgroup=fields[7] or None)
 
 
 def compile_shim(directory: str) -> str:
@@ -209,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             spec = LaunchSpec.decode(fh.read())
     except (OSError, ValueError) as exc:
         _die(f"cannot read launch spec {args[0]}: {exc}", EXIT_CANNOT_RUN)
+    if spec.cgroup:
+        _join_cgroup(spec.cgroup)
     _redirect_output(spec)
     status = _open_status(spec.status) if spec.status else -1
     try:
@@ -277,6 +286,20 @@ def _exit_like(code: int) -> NoReturn:
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {-code})
     os.kill(os.getpid(), -code)
     os._exit(128 - code)  # a signal whose default is to be ignored: say it as a shell would
+
+
+def _join_cgroup(directory: str) -> None:
+    """Move the shim into the worker's cgroup before anything else, still privileged: the worker
+    and all it forks are born in it, and cgd finds and kills them there whatever they do with
+    their environment or process group. One write; `0` names the writer itself."""
+    try:
+        fd = os.open(f"{directory}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        _die(f"cannot join the worker's cgroup {directory}: {exc}", EXIT_CANNOT_RUN)
 
 
 def _open_status(path: str) -> int:

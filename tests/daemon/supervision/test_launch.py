@@ -38,6 +38,8 @@ def test_a_spec_reads_back_as_written(tmp_path: Path) -> None:
     assert LaunchSpec.decode(spec_in(tmp_path, ("true",)).encode()).cwd == str(tmp_path)
     assert LaunchSpec.decode(LaunchSpec(argv=("a",), env={}, uid=0, gid=0, stdout="o", stderr="e",
                                         status="/run/w.status").encode()).status == "/run/w.status"
+    with_cgroup = LaunchSpec(argv=("a",), env={}, uid=0, gid=0, stdout="o", stderr="e", cgroup="/sys/fs/cgroup/w")
+    assert LaunchSpec.decode(with_cgroup.encode()) == with_cgroup and spec.cgroup is None
 
 
 @pytest.mark.parametrize(("spec", "problem"), [
@@ -55,10 +57,11 @@ def test_a_spec_that_cannot_be_written_is_refused(spec: LaunchSpec, problem: str
 @pytest.mark.parametrize("data", [
     b"",
     b"cg-launch-1\x000\x000\x00o\x00e\x00\x001\x00true",
-    b"cg-launch-2\x000\x000\x00o\x00e\x00\x00\x002\x00true",
-    b"cg-launch-2\x000\x000\x00o\x00e\x00\x00\x000\x00true",
-    b"cg-launch-2\x00zero\x000\x00o\x00e\x00\x00\x001\x00true",
-    b"cg-launch-2\x000\x000\x00o\x00e\x00\x00\x001\x00true\x00NOVALUE",
+    b"cg-launch-2\x000\x000\x00o\x00e\x00\x00\x001\x00true",
+    b"cg-launch-3\x000\x000\x00o\x00e\x00\x00\x00\x002\x00true",
+    b"cg-launch-3\x000\x000\x00o\x00e\x00\x00\x00\x000\x00true",
+    b"cg-launch-3\x00zero\x000\x00o\x00e\x00\x00\x00\x001\x00true",
+    b"cg-launch-3\x000\x000\x00o\x00e\x00\x00\x00\x001\x00true\x00NOVALUE",
 ])
 def test_a_damaged_spec_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
