@@ -1,9 +1,11 @@
 """Assembling cgd's parts in order, and taking them apart in reverse.
 
 Start: private runtime directory, one-instance lock, machine, state,
-supervisor on this loop, recovery of the previous run's workers, health loop,
-socket, watchdog and log rotation, READY=1. Stop: STOPPING=1, close the
-socket, stop the health loop, stop (or keep) the workers.
+worker tracking (a cgroup per worker, or marks), supervisor on this loop,
+recovery of the previous run's workers (and of what they left in their
+cgroups), health loop, socket, watchdog and log rotation, READY=1.
+Stop: STOPPING=1, close the socket, stop the health loop, stop (or keep)
+the workers (and remove their cgroups).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from computegroups.daemon.core.workers import WorkerPaths
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir, own_dir
+from computegroups.daemon.supervision.cgroups import TrackingUnavailable, choose_tracking
 from computegroups.daemon.supervision.mps import MpsControl, MpsError
 from computegroups.daemon.supervision.supervisor import Supervisor, WorkerExit, WorkerStart
 from computegroups.daemon.supervision.worklogs import rotate_all
@@ -176,7 +179,12 @@ class Daemon:
             assert manager is not None, "a worker event before the manager exists"
             manager.on_worker_start(event)
 
-        self.supervisor = Supervisor(self.runtime_dir, on_exit=on_exit, on_start=on_start)
+        try:
+            tracking = choose_tracking(opts.config.worker_tracking, worker_paths.instance)
+        except TrackingUnavailable as exc:
+            raise StartupError(str(exc)) from None
+        log.info("%s", tracking.describe())
+        self.supervisor = Supervisor(self.runtime_dir, on_exit=on_exit, on_start=on_start, tracking=tracking)
         self.mps = None
         if opts.config.mps:
             self.mps = MpsControl(self.runtime_dir / "mps", opts.log_dir / "mps")
@@ -188,6 +196,7 @@ class Daemon:
         self.manager = manager
         await self.supervisor.start()
         report = await recover(manager)
+        await self.supervisor.end_unowned()
         self.health = HealthMonitor(manager, Telemetry(self.gateway), opts.config.health)
         self.health.start()
         app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),

@@ -93,7 +93,8 @@ class CgdApp:
         return {"status": "degraded" if degraded else "ok", "gpus": gpus,
                 "state_loss": self.manager.state_loss,
                 "last_sample": self.health_monitor.last_sample,
-                "workers": {"expected": expected, "running": running}}
+                "workers": {"expected": expected, "running": running},
+                "worker_tracking": self.manager.supervisor.tracking.as_dict()}
 
     def application(self) -> tornado.web.Application:
         kw = {"app": self}

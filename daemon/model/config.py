@@ -52,6 +52,16 @@ class DeviceNaming(str, Enum):
     UUID = "uuid"
 
 
+class WorkerTracking(str, Enum):
+    """How cgd finds everything a worker started (see daemon/supervision/cgroups.py): a cgroup v2
+    per worker where cgd can write one (`auto` falls back to marks where it cannot; `cgroup`
+    refuses to start then), or only the processes carrying the worker's environment marks."""
+
+    AUTO = "auto"
+    CGROUP = "cgroup"
+    MARKS = "marks"
+
+
 class _Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """A table of the file: a misspelt key stops cgd rather than doing nothing."""
 
@@ -103,6 +113,7 @@ class Workers(_Section, frozen=True, kw_only=True):
     promotion_signal: str = "SIGUSR1"
     log_max_bytes: PositiveInt = 100 * 1024 * 1024
     log_backups: PositiveInt = 3
+    tracking: WorkerTracking = WorkerTracking.AUTO
 
     def signal_number(self) -> int:
         try:
@@ -152,6 +163,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
             promotion_signal=self.workers.signal_number(),
             log_max_bytes=self.workers.log_max_bytes,
             log_backups=self.workers.log_backups,
+            worker_tracking=self.workers.tracking,
             limits=self.limits,
             jobs=self.jobs,
         )
@@ -168,6 +180,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
     promotion_signal: int = int(signal.SIGUSR1)
     log_max_bytes: int = 100 * 1024 * 1024
     log_backups: int = 3
+    worker_tracking: WorkerTracking = WorkerTracking.AUTO
     limits: Limits = msgspec.field(default_factory=Limits)
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
 

@@ -21,7 +21,11 @@ decides everything else:
   cgd started again (not a reboot) goes on counting towards `max_retries`;
 - stopping signals the worker's whole process group and waits until none
   of it is left (a child that outlives the worker keeps its GPU memory),
-  then SIGKILLs what is left after the stop timeout.
+  then SIGKILLs what is left after the stop timeout;
+- a worker is all it started: its process group, what carries its marks, and
+  where cgd can have one, its cgroup (see cgroups.py), which nothing leaves.
+  What is left of it once its main process ended is stopped before it
+  restarts or its stop returns, and its cgroup is removed once empty.
 
 Workers are never tied to cgd's life (no PDEATHSIG): after `kill -9` of cgd
 they keep running, and the next cgd adopts them.
@@ -47,8 +51,9 @@ from circus.watcher import Watcher
 
 from computegroups.daemon.model.enums import RestartMode
 from computegroups.daemon.paths import own_dir
-from computegroups.daemon.supervision import worklogs
+from computegroups.daemon.supervision import cgroups, worklogs
 from computegroups.daemon.supervision.arbiter import LoopArbiter
+from computegroups.daemon.supervision.cgroups import MARKS_ONLY, Tracking
 from computegroups.daemon.supervision.launch import (
     SPEC_SUFFIX,
     LaunchSpec,
@@ -211,8 +216,10 @@ class Supervisor:
     `start()`; all methods must be called from that loop."""
 
     def __init__(self, runtime_dir: Path, on_exit: Callable[[WorkerExit], None],
-                 on_start: Callable[[WorkerStart], None] | None = None) -> None:
+                 on_start: Callable[[WorkerStart], None] | None = None, tracking: Tracking = MARKS_ONLY) -> None:
         self._runtime_dir = Path(runtime_dir)
+        self.tracking = tracking
+        """How a worker's processes are found: its cgroup, or only its marks (see cgroups.py)."""
         self._status_dir = self._runtime_dir / STATUS_DIR
         self._on_exit = on_exit
         self._on_start = on_start
@@ -252,6 +259,8 @@ class Supervisor:
         else:
             await asyncio.gather(*(self.stop_worker(key) for key in list(self._workers)))
             await asyncio.gather(*(self._cleaned(key) for key in list(self._cleanups)))
+            await self.end_unowned()
+            cgroups.remove(self.tracking.path)
         for task in list(self._tasks):
             task.cancel()
         if self._arbiter is not None:
@@ -269,6 +278,7 @@ class Supervisor:
         for path in {spec.stdout_path, spec.stderr_path}:
             worklogs.prepare_log_file(path, spec.uid, spec.gid)
         self._workers[spec.key] = worker
+        await self._cleaned(spec.key)  # what an earlier worker of this key left, before the new one runs
         async with worker.lock:
             try:
                 return await self._spawn(worker)
@@ -295,8 +305,10 @@ class Supervisor:
             if run is not None:
                 grace = worker.spec.stop_timeout_s if timeout is None else timeout
                 await _terminate(run.handle, run.exited, worker.spec.stop_signal, grace)
-                await _end_leftovers(worker.spec, run.handle, group=False)  # what left its process group
+                # what left its process group
+                await _end_leftovers(worker.spec, run.handle, self._cgroup(key), group=False)
             self._forget(worker)
+            self._remove_cgroup(key)
 
     def adopt(self, spec: WorkerSpec, pid: int, create_time: float) -> bool:
         """Watch a worker a previous cgd started, without restarting it.
@@ -331,9 +343,27 @@ class Supervisor:
         handle.watch(self._running_loop(), lambda: _resolve(exited, handle.reap()))
         try:
             await _terminate(handle, exited, signals.SIGTERM, timeout)
+            if key is not None and not self.supervises(key):
+                await _end_rest(key, self._cgroup(key), set(), signals.SIGTERM, timeout)
+                self._remove_cgroup(key)
         finally:
             handle.close()
         return True
+
+    async def end_unowned(self) -> None:
+        """Kill what runs in worker cgroups no supervised worker owns (left by a worker that ended
+        while no cgd watched it, or of one the state forgot), and remove them. Run once the workers
+        of the state are adopted or started (and at a stop, for what is left)."""
+        for directory in cgroups.worker_dirs(self.tracking):
+            if directory.name in self._workers:
+                continue
+            await _end_rest(directory.name, directory, set(), signals.SIGKILL, 0.0)
+            self._remove_cgroup(directory.name)
+
+    def memory(self, key: str) -> int | None:
+        """Bytes worker `key` and all it started use now, from its cgroup; None where that is not
+        known (tracked by marks, or no memory controller for its cgroup)."""
+        return cgroups.memory(self._cgroup(key)) if key in self._workers else None
 
     def exit_status(self, key: str, pid: int) -> int | None:
         """How the worker whose launch shim was `pid` ended, as the shim wrote it: for a worker that
@@ -395,9 +425,14 @@ class Supervisor:
         status_file = self._status_file(spec.key)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(status_file)  # an earlier run's must never be read as this one's
+        cgroup = self._cgroup(spec.key)
+        if cgroup is not None and not cgroups.prepare(cgroup):
+            # An earlier run's, which ended while no cgd watched it: nothing of it may share the new one.
+            await _end_rest(spec.key, cgroup, set(), signals.SIGKILL, 0.0)
         write_spec(str(worker.spec_file), LaunchSpec(
             argv=tuple(spec.argv), env=dict(spec.env), uid=spec.uid, gid=spec.gid,
             stdout=spec.stdout_path, stderr=spec.stderr_path, cwd=spec.cwd, status=status_file,
+            cgroup=str(cgroup) if cgroup is not None else None,
         ))
         if worker.watcher is None:
             worker.watcher = self._arbiter.add(
@@ -454,7 +489,7 @@ class Supervisor:
             # It ended on its own: what it left running is stopped before a
             # restart runs and before a stop returns (its GPUs are handed on then).
             self._cleanups[worker.spec.key] = task = self._running_loop().create_task(
-                _end_leftovers(worker.spec, run.handle))
+                self._end_run(worker, run))
             task.add_done_callback(functools.partial(self._cleanup_done, worker.spec.key, run=run))
         else:
             run.handle.close()
@@ -463,6 +498,12 @@ class Supervisor:
         log.info("worker %s (pid %d) ended with %s%s", worker.spec.key, pid,
                  describe_exit(returncode, adopted=run.process is None), ", restarting" if will_restart else "")
         _call(self._on_exit, WorkerExit(worker.spec.key, pid, returncode, will_restart))
+
+    async def _end_run(self, worker: _Worker, run: _Run) -> None:
+        """Stop what the run left running; its cgroup goes too unless the worker runs again."""
+        await _end_leftovers(worker.spec, run.handle, self._cgroup(worker.spec.key))
+        if self._workers.get(worker.spec.key) is not worker:
+            self._remove_cgroup(worker.spec.key)
 
     def _cleanup_done(self, key: str, task: asyncio.Task[None], *, run: _Run) -> None:
         run.handle.close()
@@ -536,6 +577,16 @@ class Supervisor:
                      Path(self._failures_file(worker.spec.key))):
             path.unlink(missing_ok=True)
 
+    def _cgroup(self, key: str) -> Path | None:
+        return self.tracking.worker_dir(key)
+
+    def _remove_cgroup(self, key: str) -> None:
+        """Once nothing runs in it; a process stuck in the kernel keeps it (and is logged as left)."""
+        try:
+            cgroups.remove(self._cgroup(key))
+        except OSError as exc:
+            log.warning("worker %s: cannot remove its cgroup: %s", key, exc)
+
     def _status_file(self, key: str) -> str:
         return str(self._status_dir / f"{key}.status")
 
@@ -576,33 +627,46 @@ WORKER_MARKS = ("CG_INSTANCE", "CG_COMPONENT", "CG_REPLICA")
 """The variables every worker process inherits (see core/workers.py): what makes a process its."""
 
 
-async def _end_leftovers(spec: WorkerSpec, handle: ProcessHandle, *, group: bool = True) -> None:
+async def _end_leftovers(spec: WorkerSpec, handle: ProcessHandle, cgroup: Path | None, *,
+                         group: bool = True) -> None:
     """Stop what a worker left running when its main process ended on its own.
 
-    A worker is its whole process tree: its process group, and whatever
-    carries its marks after leaving the group (setsid, a double fork). They
-    get the stop signal, and SIGKILL after the worker's stop timeout.
-    `group=False` when the group was just stopped with the worker.
+    A worker is its whole process tree: its process group, whatever carries
+    its marks after leaving the group (setsid, a double fork), and whatever is
+    in its cgroup (even having cleared its environment too). They get the stop
+    signal, and SIGKILL after the worker's stop timeout. `group=False` when
+    the group was just stopped with the worker.
     """
     marks = {k: spec.env[k] for k in WORKER_MARKS if k in spec.env}
     pids = set(handle.group_left()) if group else set()
     if len(marks) == len(WORKER_MARKS):
         pids |= {pid for pid, _, _ in marked_processes(marks)}
-    pids.discard(os.getpid())
-    if not pids:
+    await _end_rest(spec.key, cgroup, pids, spec.stop_signal, spec.stop_timeout_s)
+
+
+async def _end_rest(key: str, cgroup: Path | None, pids: set[int], stop_signal: int, grace: float) -> None:
+    """Stop `pids` and everything in `cgroup` (what forks meanwhile there included): `stop_signal`,
+    then SIGKILL (`cgroup.kill`) after `grace`; returns once none is left, or logs the pids that
+    survived SIGKILL for KILL_WAIT_S (stuck in the kernel)."""
+    def left() -> set[int]:
+        return ({pid for pid in pids if start_time(pid) is not None} | cgroups.procs(cgroup)) - {os.getpid()}
+
+    if not (pids := left()):
         return
-    log.warning("worker %s ended and left pids %s running: stopping them", spec.key, sorted(pids))
-    for signum, wait in ((spec.stop_signal, spec.stop_timeout_s), (signals.SIGKILL, KILL_WAIT_S)):
+    log.warning("worker %s ended and left pids %s running: stopping them", key, sorted(pids))
+    loop = asyncio.get_running_loop()
+    for signum, wait in ((stop_signal, grace), (signals.SIGKILL, KILL_WAIT_S)):
+        if signum == signals.SIGKILL and cgroup is not None:
+            cgroups.kill(cgroup)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while (pids := {pid for pid in pids if start_time(pid) is not None}) and loop.time() < deadline:
+        while (pids := left()) and loop.time() < deadline:
             await asyncio.sleep(GROUP_POLL_S)
         if not pids:
             return
-    log.warning("worker %s: pids %s survived SIGKILL (stuck in the kernel?): left to it", spec.key, sorted(pids))
+    log.warning("worker %s: pids %s survived SIGKILL (stuck in the kernel?): left to it", key, sorted(pids))
 
 
 async def _terminate(handle: ProcessHandle, exited: asyncio.Future[int | None],
