@@ -36,6 +36,8 @@ ExecStart={cgd} $CGD_OPTS
 # leaves them running for the next cgd (--keep-workers). With the default
 # control-group mode systemd would kill every worker at once.
 KillMode=process
+# cgd may create a cgroup per worker under its own (see docs/configuration.md).
+Delegate=yes
 KillSignal=SIGTERM
 # Room for workers' stop timeouts (10 s each by default, stopped in parallel).
 TimeoutStopSec=90
@@ -68,6 +70,8 @@ EnvironmentFile=-%h/.config/computegroups/cgd.env
 ExecStart={cgd} $CGD_OPTS
 # cgd stops its workers itself, or leaves them for the next cgd.
 KillMode=process
+# cgd may create a cgroup per worker under its own (see docs/configuration.md).
+Delegate=yes
 TimeoutStopSec=90
 WatchdogSec=30
 Restart=on-failure
