@@ -226,7 +226,17 @@ class ManagerBase:
 
     def component(self, name: str) -> dict[str, Any]:
         comp = component_or_404(self.doc, name)
-        return component_view(self.doc, comp, self._pids(), self.config.device_naming, self.replica_states)
+        return component_view(self.doc, comp, self._pids(), self.config.device_naming, self.replica_states,
+                              self._memory())
+
+    def _memory(self) -> dict[str, int]:
+        """Per replica, the memory its worker and all it started use, where its cgroup counts it."""
+        out: dict[str, int] = {}
+        for ref, w in self.doc.workers.items():
+            used = self.supervisor.memory(watcher_key(w.component, w.replica))
+            if used is not None:
+                out[ref] = used
+        return out
 
     def _pids(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}

@@ -29,9 +29,9 @@ from computegroups.daemon.supervision.worklogs import read_worker_log
 
 class Queries(ManagerBase):
     def components(self, owner: int | None = None) -> list[dict[str, Any]]:
-        pids = self._pids()
+        pids, memory = self._pids(), self._memory()
         return [
-            component_view(self.doc, c, pids, self.config.device_naming, self.replica_states)
+            component_view(self.doc, c, pids, self.config.device_naming, self.replica_states, memory)
             for c in sorted(self.doc.components.values(), key=lambda c: c.name)
             if c.state != "releasing" and (owner is None or c.owner_uid == owner)
         ]

@@ -106,7 +106,7 @@ def group_view(doc: StateDoc, g: GroupRecord) -> dict[str, Any]:
 
 def component_view(
     doc: StateDoc, comp: ComponentRecord, pids: dict[str, list[int]], naming: str,
-    replica_states: dict[str, str],
+    replica_states: dict[str, str], memory: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     replicas = []
     explanations: list[str] = []
@@ -140,6 +140,7 @@ def component_view(
             ],
             "cuda_visible_devices": cuda_visible_devices(devices, naming),
             "pids": pids.get(ref, []),
+            "memory_bytes": (memory or {}).get(ref),
             "started_at": worker.started_at if worker else None,
             "ended_at": worker.ended_at if worker else None,
             "exit_code": worker.exit_code if worker else None,

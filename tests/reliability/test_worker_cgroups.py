@@ -122,6 +122,9 @@ def test_cgroup_mode_stops_what_a_worker_left_while_cgd_was_down(start_in, escap
     child = wait_for(lambda: read_pids(escaped), "the escaper runs")[0]
     worker_dir = Path(str(tracking(cgd)["path"])) / "escaper.0"
     assert child in cgroups.procs(worker_dir), "born in its worker's cgroup"
+    replica = cgd.request("GET", "/v1/components/escaper")[1]["replicas"][0]
+    assert (replica["memory_bytes"] is None) == (cgroups.memory(worker_dir) is None), \
+        "its memory is reported wherever its cgroup counts it (not on hybrid hosts)"
     cgd.kill9()
     go.touch()  # the job ends (status 0) while no cgd watches it
     wait_for(lambda: cgroups.procs(worker_dir) == {child}, "the job's main process ended")
@@ -155,5 +158,6 @@ def test_marks_mode_is_shown_and_an_escaped_child_with_no_marks_is_its_known_gap
     assert "workers are tracked by their environment marks" in cgd.log()
     allocate_escaper(cgd, escaped, tmp_path / "never", {"policy": "on-failure"})
     child = wait_for(lambda: read_pids(escaped), "the escaper runs")[0]
+    assert cgd.request("GET", "/v1/components/escaper")[1]["replicas"][0]["memory_bytes"] is None
     assert cgd.request("DELETE", "/v1/components/escaper")[0] == 200
     assert alive([child]) == [child], "no mark, no process group: invisible to marks (killed by the fixture)"
