@@ -25,9 +25,10 @@ from computegroups.daemon.core.health import HealthMonitor
 from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.recovery import recover, shutdown
 from computegroups.daemon.core.transactions import StateKeeper
-from computegroups.daemon.core.workers import WorkerPaths
+from computegroups.daemon.core.workers import WorkerPaths, watcher_key
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.model.refs import ReplicaRef
 from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir, own_dir
 from computegroups.daemon.supervision.cgroups import TrackingUnavailable, choose_tracking
 from computegroups.daemon.supervision.mps import MpsControl, MpsError
@@ -196,7 +197,8 @@ class Daemon:
         self.manager = manager
         await self.supervisor.start()
         report = await recover(manager)
-        await self.supervisor.end_unowned()
+        await self.supervisor.end_unowned(
+            keep={watcher_key(*ReplicaRef.parse(lost["replica"])) for lost in manager.state_loss})
         self.health = HealthMonitor(manager, Telemetry(self.gateway), opts.config.health)
         self.health.start()
         app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),

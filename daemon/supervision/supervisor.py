@@ -41,7 +41,7 @@ import os
 import re
 import signal as signals
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -350,12 +350,13 @@ class Supervisor:
             handle.close()
         return True
 
-    async def end_unowned(self) -> None:
+    async def end_unowned(self, keep: Collection[str] = ()) -> None:
         """Kill what runs in worker cgroups no supervised worker owns (left by a worker that ended
-        while no cgd watched it, or of one the state forgot), and remove them. Run once the workers
-        of the state are adopted or started (and at a stop, for what is left)."""
+        while no cgd watched it), and remove them. Run once the workers of the state are adopted or
+        started (and at a stop, for what is left). `keep`: the keys of workers a lost generation of
+        the state started, kept running until someone has looked (recovery's state loss)."""
         for directory in cgroups.worker_dirs(self.tracking):
-            if directory.name in self._workers:
+            if directory.name in self._workers or directory.name in keep:
                 continue
             await _end_rest(directory.name, directory, set(), signals.SIGKILL, 0.0)
             self._remove_cgroup(directory.name)
