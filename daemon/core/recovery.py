@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,19 +52,22 @@ def instance_processes(instance: str) -> list[tuple[int, float, str, dict[str, s
 
 
 def lost_generation_workers(marked: list[tuple[int, float, str, dict[str, str]]],
-                            known: set[str]) -> list[dict[str, Any]]:
-    """The replicas of marked processes that the state has no record of, as the loss to report.
+                            components: Collection[str]) -> list[dict[str, Any]]:
+    """The replicas of marked processes whose component the state has no record of, as the loss to report.
 
-    cgd records a worker before it starts one and stops it before the record
-    goes, so a running process of this state's mark whose replica has no
-    record was started by a generation the state no longer holds: the state
-    fell back to an older snapshot. Such a worker is kept, not stopped as a
-    stray: the state lost track of it, its owner did not ask for it to end.
-    Its owner and devices come from its own environment, as cgd set it.
+    cgd records a component before it starts its workers and stops them
+    before the record goes, so a running process of this state's mark whose
+    component has no record was started by a generation the state no longer
+    holds: the state fell back to an older snapshot. Such a worker is kept,
+    not stopped as a stray: the state lost track of it, its owner did not ask
+    for it to end. Its owner and devices come from its own environment, as
+    cgd set it. (A worker of a recorded component without a worker record
+    was started a moment before a crash, before its pid was committed: a
+    stray, stopped and started again by its policy.)
     """
     by_ref: dict[str, dict[str, Any]] = {}
     for pid, _, ref, env in marked:
-        if ref in known:
+        if component_of(ref) in components:
             continue
         entry = by_ref.setdefault(ref, {
             "replica": ref, "pids": [], "user": env.get("USER", "unknown"),
@@ -150,12 +154,13 @@ async def recover(manager: Manager) -> RecoveryReport:
         kept = {p for ref in adopted for p in process_tree(keeper.doc.workers[ref].pid)}
         marked = [(pid, start, ref, env) for pid, start, ref, env in instance_processes(manager.paths.instance)
                   if pid not in kept and pid != os.getpid()]
-        manager.state_loss = lost_generation_workers(marked, set(keeper.doc.workers))
+        recorded = keeper.doc.components.keys() | set(releasing)  # a release finished just now left these
+        manager.state_loss = lost_generation_workers(marked, recorded)
         for lost_worker in manager.state_loss:
             log.error("kept %s (pids %s, user %s) running: started by a generation of the state that was lost "
                       "(a fallback to an older state?); acknowledge with `cgctl ack-state-loss` once looked at",
                       lost_worker["replica"], ", ".join(map(str, lost_worker["pids"])), lost_worker["user"])
-        strays = [(pid, start, ref) for pid, start, ref, _ in marked if ref in keeper.doc.workers]
+        strays = [(pid, start, ref) for pid, start, ref, _ in marked if component_of(ref) in recorded]
         for pid, _, ref in strays:
             log.warning("stopping pid %d (%s): the state says it should not run", pid, ref)
         await asyncio.gather(*(manager.supervisor.stop_stray(pid, start, 10.0) for pid, start, _ in strays))
