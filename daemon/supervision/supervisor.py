@@ -462,10 +462,10 @@ class Supervisor:
         """
         find = self._worker_finder(worker.spec.key, run.handle.pid)
         loop = self._running_loop()
-        deadline, delay = loop.time() + FORK_WAIT_S, 0.0005
-        while worker.run is run and find() is None and loop.time() < deadline:
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 0.01)
+        begin = loop.time()
+        while worker.run is run and find() is None and loop.time() < begin + FORK_WAIT_S:
+            # Finely at first: every start waits here, and each step of the wait is latency.
+            await asyncio.sleep(0.0002 if loop.time() < begin + 0.05 else 0.005)
 
     def _watch(self, worker: _Worker, handle: ProcessHandle, process: Process | None, shim: bool = True) -> _Run:
         run = _Run(handle, process, self._running_loop().create_future(), shim)
