@@ -194,8 +194,9 @@ def worker_cycle(quick: bool) -> Table:
     table.note("The worker is `sleep`, so what is timed is the manager, not the worker. cgd's start is "
                "request to reply (the allocation's commit, the spawn through circus, the commit of the "
                "worker's pid) and then until /proc shows the worker exec'd with its environment: the launch "
-               "shim (a compiled stdlib-only script run by `python -I -S`) opens its logs, drops privileges "
-               "and execs it. Its release stops the worker (SIGTERM, wait) and commits again.")
+               "shim (a compiled stdlib-only script run by `python -I -S`) joins the worker's cgroup, opens "
+               "its logs, forks the worker with privileges dropped and stays as its parent to record how it "
+               "ends. Its release stops the worker (SIGTERM, wait) and commits again.")
     table.note(f"live groups: {LIVE_GROUPS} components holding a 64 MiB share each, allocated before the "
                "second cgd row; the state commits grow with them. `python -I -S -c pass`: a bare "
                "interpreter run to its end by subprocess, measured in the same run.")
