@@ -131,15 +131,19 @@ def rotate_all(log_dir: str | os.PathLike[str], max_bytes: int, backups: int) ->
     Blocking, like `rotate`.
     """
     rotated: list[Path] = []
-    root = Path(log_dir)
-    if not root.is_dir():
+    try:
+        components = sorted((e for e in os.scandir(log_dir) if e.is_dir(follow_symlinks=False)),
+                            key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
         return rotated
-    for component in sorted(root.iterdir()):
-        if not component.is_dir() or component.is_symlink():
-            continue
-        for path in sorted(component.iterdir()):
-            if path.suffix in (".out", ".err") and rotate(path, max_bytes, backups):
-                rotated.append(path)
+    for component in components:
+        # It runs every second over every worker's logs: one stat per file from the directory
+        # scan, and a file is opened only once it is past the limit.
+        for entry in sorted(os.scandir(component.path), key=lambda e: e.name):
+            if (entry.name.endswith((".out", ".err")) and entry.is_file(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_size > max_bytes
+                    and rotate(entry.path, max_bytes, backups)):
+                rotated.append(Path(entry.path))
     return rotated
 
 
