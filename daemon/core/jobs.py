@@ -39,10 +39,12 @@ class Jobs(ManagerBase):
         head_at = self.head_start_time(doc, ahead[0])
         if may_backfill(time_limit_s, self.keeper.clock(), head_at):
             return None
-        return (f"{len(ahead)} queued claim{'s' if len(ahead) > 1 else ''} of this priority or higher "
-                f"go first (the first is {ahead[0].name!r} of {user_name(ahead[0].owner_uid)})"
+        many = len(ahead) > 1
+        return (f"{len(ahead)} queued claim{'s' if many else ''} of this priority or higher "
+                f"{'go' if many else 'goes'} first (the first is {ahead[0].name!r} of "
+                f"{user_name(ahead[0].owner_uid)})"
                 + ("" if time_limit_s is not None else "; a claim with a time limit that ends before "
-                   "they can start may go around them"))
+                   f"{'they' if many else 'it'} can start may go around {'them' if many else 'it'}"))
 
     def check_queue(self, doc: StateDoc, claim: Claim | None, time_limit_s: float | None = None) -> None:
         """Inside a transaction, before capacity is taken for `claim`: refuse it while queued claims of
