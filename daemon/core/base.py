@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from msgspec.structs import replace
@@ -15,6 +16,7 @@ from computegroups.daemon.core.transactions import (
     StateKeeper,
     component_or_404,
     dependents,
+    hand_back_primary,
     remove_component,
 )
 from computegroups.daemon.core.views import component_view
@@ -31,6 +33,12 @@ from computegroups.daemon.supervision.supervisor import Supervisor
 from computegroups.statefiles.schema import StateDoc
 
 log = logging.getLogger("cgd.manager")
+
+PROMOTION_MIN_UPTIME_S = 1.0
+"""A shadow younger than this is still starting (its signal handler may not be
+installed, and the promotion signal would end it): the dead primary restarts
+under its own restart policy instead, and no promotion loop can form. A worker
+handed the primary role back that young is restarted as primary instead."""
 
 
 class ManagerBase:
@@ -212,11 +220,40 @@ class ManagerBase:
                 present = [n for n in closure if n in self.doc.components]
                 if present:
                     with self.keeper.transaction() as doc:
+                        handed = hand_back_primary(doc, set(present))
                         for name in sorted(present, key=lambda n: doc.components[n].shadow_of is None):
                             freed.extend(remove_component(doc, self.keeper, name, set(present)))
+                    await self._tell_primary(handed)
         finally:
             self.clear_busy(closure)
         return {"released": closure, "groups": sorted(freed)}
+
+    async def _tell_primary(self, refs: list[str]) -> None:
+        """Under the lock: workers the state made primary again (`hand_back_primary`) learn it.
+
+        A worker that handles the promotion signal is told as a promoted shadow
+        is; one too young for that, or not running, is (re)started as primary.
+        A cgd killed before this is done finishes it at start (`_finish_promotion`)."""
+        if not refs:
+            return
+        await self.keeper.durable()
+        for ref in refs:
+            w = self.doc.workers[ref]
+            comp = self.doc.components[w.component]
+            key = watcher_key(w.component, w.replica)
+            write_role(self.paths, comp.name, w.replica, w.role, comp.owner_uid, comp.owner_gid)
+            if (w.pid and w.create_time and self.supervisor.is_running(key)
+                    and time.time() - w.create_time >= PROMOTION_MIN_UPTIME_S):
+                self.supervisor.signal(key, self.config.promotion_signal)
+                log.warning("%s is primary again: its promoted shadow was released", ref)
+                continue
+            self._stopping.add(key)
+            try:
+                await self.supervisor.stop_worker(key, timeout=0)
+            finally:
+                self._stopping.discard(key)
+            log.warning("%s restarts as primary: its promoted shadow was released", ref)
+            await self.start_workers([ref])
 
     def group_record(self, gid: str):
         g = self.doc.groups.get(gid)

@@ -10,7 +10,7 @@ import time
 
 from msgspec.structs import replace
 
-from computegroups.daemon.core.base import log
+from computegroups.daemon.core.base import PROMOTION_MIN_UPTIME_S, log
 from computegroups.daemon.core.jobs import Jobs
 from computegroups.daemon.core.transactions import dependents
 from computegroups.daemon.core.workers import (
@@ -22,11 +22,6 @@ from computegroups.daemon.core.workers import (
 from computegroups.daemon.model.enums import Outcome, RestartMode, Role
 from computegroups.daemon.supervision.supervisor import WorkerExit, WorkerStart
 from computegroups.statefiles.schema import StateDoc
-
-PROMOTION_MIN_UPTIME_S = 1.0
-"""A shadow younger than this is still starting (its signal handler may not be
-installed, and the promotion signal would end it): the dead primary restarts
-under its own restart policy instead, and no promotion loop can form."""
 
 
 class WorkerEvents(Jobs):

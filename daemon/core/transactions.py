@@ -597,6 +597,25 @@ def dependents(doc: StateDoc, name: str) -> tuple[list[str], list[str]]:
     return shadows, sharers
 
 
+def hand_back_primary(doc: StateDoc, releasing: set[str]) -> list[str]:
+    """Inside a transaction: a released shadow that serves as primary (promoted
+    when its primary died) hands the role back to the primary component's
+    worker of that replica, which would otherwise stay a shadow of nobody.
+    Returns the workers that are primary again."""
+    handed = []
+    for name in sorted(releasing):
+        comp = doc.components.get(name)
+        if comp is None or comp.shadow_of is None or comp.shadow_of in releasing:
+            continue
+        for w in [w for w in doc.workers.values() if w.component == name and w.role == Role.PRIMARY]:
+            ref = replica_ref(comp.shadow_of, w.replica)
+            back = doc.workers.get(ref)
+            if back is not None and back.role == Role.SHADOW and back.outcome is None:
+                doc.workers[ref] = replace(back, role=Role.PRIMARY)
+                handed.append(ref)
+    return handed
+
+
 def remove_component(doc: StateDoc, keeper: StateKeeper, name: str, releasing: set[str]) -> list[str]:
     """Forget a component whose workers are already stopped; returns freed groups."""
     comp = doc.components[name]
