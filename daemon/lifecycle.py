@@ -162,9 +162,12 @@ class Daemon:
         problems = opts.config.allocator.pool_problems(len(machine.gpus))
         if problems:
             raise StartupError(f"configuration: {'; '.join(problems)}")
+        store = StateStore(opts.state_dir)
         try:
-            keeper = StateKeeper(machine, StateStore(opts.state_dir), opts.config)
+            store.hold()  # cgd is the state's only writer while it runs; see StateStore.hold
+            keeper = StateKeeper(machine, store, opts.config)
         except StateError as exc:
+            store.let_go()
             raise StartupError(str(exc)) from None
         worker_paths = WorkerPaths(opts.log_dir, self.runtime_dir, str(opts.state_dir.resolve()))
         # The supervisor and the manager need each other: the supervisor is
@@ -242,6 +245,7 @@ class Daemon:
             task.cancel()
         await self.health.stop()
         await shutdown(self.manager, self.opts.keep_workers)
+        self.manager.keeper.store.let_go()
         if self.mps is not None and not self.opts.keep_workers:
             self.mps.stop()
         try:

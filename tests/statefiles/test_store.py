@@ -468,3 +468,20 @@ def test_a_state_directory_that_cannot_be_created_is_a_state_error(tmp_path: Pat
     blocker.write_text("")
     with pytest.raises(StateError, match="cannot lock the state in"), StateStore(blocker / "state").transaction():
         pass
+
+
+def test_a_held_store_keeps_other_writers_out_between_its_transactions(tmp_path: Path) -> None:
+    owner = StateStore(tmp_path)
+    owner.hold()
+    with owner.transaction() as doc:
+        doc.drained = ("GPU-a",)
+    other = StateStore(tmp_path, lock_timeout=0.1)
+    with pytest.raises(StateLockedError, match=f"^state is locked by pid {os.getpid()} "), other.transaction():
+        pass
+    assert other.load().drained == ("GPU-a",), "readers take no lock"
+    with owner.transaction() as doc:
+        doc.drained = ("GPU-b",)
+    owner.let_go()
+    with other.transaction() as doc:
+        assert doc.drained == ("GPU-b",)
+        doc.drained = ()

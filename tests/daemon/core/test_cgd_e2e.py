@@ -161,6 +161,19 @@ def test_second_daemon_on_same_state_is_refused(start_cgd, cgd: Cgd) -> None:
     assert f"cgd already runs as pid {cgd.pid} for {cgd.state_dir}" in second.stderr
 
 
+def test_while_cgd_runs_no_other_process_writes_its_state(cgd: Cgd) -> None:
+    from computegroups.statefiles import StateLockedError
+    from computegroups.statefiles.store import StateStore
+
+    with pytest.raises(StateLockedError, match=f"^state is locked by pid {cgd.pid} "), \
+            StateStore(cgd.state_dir, lock_timeout=0.1).transaction():
+        pass
+    assert cgd.request("POST", "/v1/gpus/0/drain")[0] == 200, "cgd itself still commits"
+    cgd.stop()
+    with StateStore(cgd.state_dir, lock_timeout=5).transaction() as doc:
+        assert doc.drained, "cgd let go of the lock when it stopped"
+
+
 def test_kill9_adopts_workers_without_restart(start_cgd) -> None:
     cgd = start_cgd("dgx-h100")
     allocate(cgd, {"name": "svc", "claim": {"gpus": 2}, "replicas": 2, "command": worker_cmd()})
