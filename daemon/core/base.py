@@ -212,18 +212,26 @@ class ManagerBase:
 
     async def _finish_release(self, closure: list[str], refs: list[str],
                               stop_timeout: float | None = None) -> dict[str, Any]:
-        """Without the lock: stop the workers; then, under it, free the groups."""
+        """Hand the primary role back first (make before break: a replica with a live worker is never
+        without a primary while the released one takes its grace period to stop); then, without the
+        lock, stop the workers; then, under it, free the groups."""
         try:
+            async with self.keeper.lock:
+                with self.keeper.transaction() as doc:
+                    handed, demoted = hand_back_primary(doc, set(closure))
+                for ref in demoted:
+                    w = self.doc.workers[ref]
+                    comp = self.doc.components[w.component]
+                    write_role(self.paths, comp.name, w.replica, w.role, comp.owner_uid, comp.owner_gid)
+                await self._tell_primary(handed)
             await self.stop_workers(refs, stop_timeout)
             freed: list[str] = []
             async with self.keeper.lock:
                 present = [n for n in closure if n in self.doc.components]
                 if present:
                     with self.keeper.transaction() as doc:
-                        handed = hand_back_primary(doc, set(present))
                         for name in sorted(present, key=lambda n: doc.components[n].shadow_of is None):
                             freed.extend(remove_component(doc, self.keeper, name, set(present)))
-                    await self._tell_primary(handed)
         finally:
             self.clear_busy(closure)
         return {"released": closure, "groups": sorted(freed)}

@@ -597,12 +597,13 @@ def dependents(doc: StateDoc, name: str) -> tuple[list[str], list[str]]:
     return shadows, sharers
 
 
-def hand_back_primary(doc: StateDoc, releasing: set[str]) -> list[str]:
+def hand_back_primary(doc: StateDoc, releasing: set[str]) -> tuple[list[str], list[str]]:
     """Inside a transaction: a released shadow that serves as primary (promoted
     when its primary died) hands the role back to the primary component's
     worker of that replica, which would otherwise stay a shadow of nobody.
-    Returns the workers that are primary again."""
-    handed = []
+    Returns the workers that are primary again and the released ones now
+    shadows, whose role files say so before they are stopped."""
+    handed, demoted = [], []
     for name in sorted(releasing):
         comp = doc.components.get(name)
         if comp is None or comp.shadow_of is None or comp.shadow_of in releasing:
@@ -612,8 +613,10 @@ def hand_back_primary(doc: StateDoc, releasing: set[str]) -> list[str]:
             back = doc.workers.get(ref)
             if back is not None and back.role == Role.SHADOW and back.outcome is None:
                 doc.workers[ref] = replace(back, role=Role.PRIMARY)
+                doc.workers[w.key] = replace(w, role=Role.SHADOW)
                 handed.append(ref)
-    return handed
+                demoted.append(w.key)
+    return handed, demoted
 
 
 def remove_component(doc: StateDoc, keeper: StateKeeper, name: str, releasing: set[str]) -> list[str]:

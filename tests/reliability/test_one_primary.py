@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -174,3 +175,33 @@ def test_cgd_killed_during_a_promotion(cgd: Cgd) -> None:
     cgd.start()
     roles = one_primary(cgd, killed=(primary,))
     assert roles[0][shadow] == "primary", "the live shadow is promoted, not restarted"
+
+
+def test_a_released_promoted_shadow_hands_the_role_back_before_it_is_stopped(cgd: Cgd) -> None:
+    """Make before break: while the released worker takes its grace period to stop, the
+    primary component's worker already reads `primary`; the replica is never without one."""
+    slow_stop = [WORKER[0], "-c", WORKER[2].replace(
+        "while True:", "def stop(*_):\n    print('stopping', flush=True)\n    time.sleep(2)\n    raise SystemExit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\nwhile True:")]
+    for body in ({"name": PRIMARY, "claim": {"gpus": 1}, "command": WORKER},
+                 {"name": SHADOW, "shadow_of": PRIMARY, "command": slow_stop}):
+        status, reply = cgd.request("POST", "/v1/components", {**body, "restart": RESTART})
+        assert status == 201, reply
+    one_primary(cgd)
+    promotable(cgd)
+    os.kill(pid_of(cgd, PRIMARY, "primary"), signal.SIGKILL)
+    one_primary(cgd)
+    promotable(cgd)
+    back = pid_of(cgd, PRIMARY, "shadow")
+    role_file = Path(environ(back)["CG_ROLE_FILE"])  # type: ignore[index]
+    released: list[tuple[int, object]] = []
+    deleting = threading.Thread(target=lambda: released.append(cgd.request("DELETE", f"/v1/components/{SHADOW}")))
+    deleting.start()
+    try:
+        shadow_log = cgd.log_dir / SHADOW / "0.out"
+        wait_for(lambda: "stopping" in shadow_log.read_text(), "the released worker was asked to stop")
+        assert role_file.read_text().strip() == "primary", "the role was handed back before the stop"
+    finally:
+        deleting.join(30)
+    assert released and released[0][0] == 200, released
+    assert one_primary(cgd, expect_workers=1)[0] == {back: "primary"}
