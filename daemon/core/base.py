@@ -21,6 +21,7 @@ from computegroups.daemon.core.transactions import (
 )
 from computegroups.daemon.core.views import component_view
 from computegroups.daemon.core.workers import (
+    INSTANCE_VAR,
     WorkerPaths,
     build_spec,
     watcher_key,
@@ -224,7 +225,12 @@ class ManagerBase:
                     comp = self.doc.components[w.component]
                     write_role(self.paths, comp.name, w.replica, w.role, comp.owner_uid, comp.owner_gid)
                 await self._tell_primary(handed)
+                leases = [(n, self.doc.components[n].owner_uid) for n in closure
+                          if n in self.doc.components and self.doc.components[n].lease_pid]
             await self.stop_workers(refs, stop_timeout)
+            for name, uid in leases:  # `cgctl run`: what its command left running goes with the lease
+                await self.supervisor.end_marked({INSTANCE_VAR: self.paths.instance, "CG_COMPONENT": name}, uid,
+                                                 f"{name} (cgctl run)", 10.0 if stop_timeout is None else stop_timeout)
             freed: list[str] = []
             async with self.keeper.lock:
                 present = [n for n in closure if n in self.doc.components]

@@ -350,6 +350,22 @@ class Supervisor:
             handle.close()
         return True
 
+    async def end_marked(self, marks: Mapping[str, str], uid: int, label: str, timeout: float) -> None:
+        """Stop every process of `uid` carrying `marks` (SIGTERM, SIGKILL after `timeout`). For what a
+        `cgctl run` command left when its lease ends: cgctl's child is no worker of cgd, so no cgroup
+        or process group of cgd's holds it, but it and all it starts carry the marks of the
+        environment cgd gave it (`GET .../env`)."""
+        def owned() -> set[int]:
+            found = set()
+            for pid, _, _ in marked_processes(marks):
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{pid}").st_uid == uid:
+                        found.add(pid)
+            return found
+
+        pids = await asyncio.to_thread(owned)
+        await _end_rest(label, None, pids, signals.SIGTERM, timeout)
+
     async def end_unowned(self, keep: Collection[str] = ()) -> None:
         """Kill what runs in worker cgroups no supervised worker owns (left by a worker that ended
         while no cgd watched it), and remove them. Run once the workers of the state are adopted or

@@ -262,9 +262,41 @@ def test_run_killed_cgctl_leaves_nothing_behind(cgd: Cgd) -> None:
         proc.kill()
         proc.wait(timeout=10)
         wait_for(lambda: "lease" not in components(cgd), timeout=30)
+        assert not _session_alive(proc.pid), "the orphaned command went with the lease"
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the orphaned `sleep`
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_run_leaves_nothing_of_its_command_running_after_the_release(cgd: Cgd, tmp_path: Path) -> None:
+    """What CMD backgrounded, in its own session too (setsid), ends before `cgctl run` returns."""
+    pids = tmp_path / "pids"
+    result = cgd.cgctl("run", "--gpus", "1", "--", "sh", "-c",
+                       f"sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; exit 3")
+    assert result.returncode == 3, result.stderr
+    left = [int(p) for p in pids.read_text().split()]
+    assert len(left) == 2
+    assert not [p for p in left if _alive(p)], f"still running: {[p for p in left if _alive(p)]}"
+    assert components(cgd) == {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def _session_alive(sid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                return True
+    return False
 
 
 def _children(pid: int) -> list[int]:
