@@ -160,7 +160,11 @@ async def recover(manager: Manager) -> RecoveryReport:
             log.error("kept %s (pids %s, user %s) running: started by a generation of the state that was lost "
                       "(a fallback to an older state?); acknowledge with `cgctl ack-state-loss` once looked at",
                       lost_worker["replica"], ", ".join(map(str, lost_worker["pids"])), lost_worker["user"])
-        strays = [(pid, start, ref) for pid, start, ref, _ in marked if component_of(ref) in recorded]
+        # A `cgctl run` command is cgctl's child, not a worker: it has no worker record, and its lease
+        # (alive, or released by the upkeep with what it left) decides when it ends.
+        leases = {n for n, c in keeper.doc.components.items() if c.lease_pid and n not in releasing}
+        strays = [(pid, start, ref) for pid, start, ref, _ in marked
+                  if component_of(ref) in recorded and component_of(ref) not in leases]
         for pid, _, ref in strays:
             log.warning("stopping pid %d (%s): the state says it should not run", pid, ref)
         await asyncio.gather(*(manager.supervisor.stop_stray(pid, start, 10.0) for pid, start, _ in strays))

@@ -280,6 +280,25 @@ def test_run_leaves_nothing_of_its_command_running_after_the_release(cgd: Cgd, t
     assert components(cgd) == {}
 
 
+def test_run_command_survives_a_restart_of_cgd(cgd: Cgd, tmp_path: Path) -> None:
+    """cgd restarted under a running `cgctl run`: the command is no stray to stop; the lease holds."""
+    pid_file = tmp_path / "pid"
+    proc = subprocess.Popen([_executable("cgctl"), "run", "--name", "held", "--gpus", "1", "--",
+                             "sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"],
+                            env=cgd.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        command = wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() and int(pid_file.read_text()))
+        cgd.kill9()
+        cgd.start()
+        assert "held" in components(cgd) and _alive(command), cgd.log()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert components(cgd) == {} and not _alive(command)
+
+
 def _alive(pid: int) -> bool:
     try:
         return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
