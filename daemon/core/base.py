@@ -12,6 +12,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from computegroups.daemon.core.lost import LostWorker
 from computegroups.daemon.core.transactions import (
     StateKeeper,
     component_or_404,
@@ -60,9 +61,25 @@ class ManagerBase:
         self._queue_task: asyncio.Task | None = None
         self._queue_again = False
         self._adhoc = 0
-        self.state_loss: list[dict[str, Any]] = []
-        """Workers a lost generation of the state had started, kept running (see recovery.py);
-        reported by status and health until an operator acknowledges the loss."""
+        self.lost_workers: list[LostWorker] = []
+        """Workers a lost generation of the state had started, kept running (see lost.py): reported
+        until an operator acknowledges the loss, their GPUs held until they end."""
+
+    @property
+    def state_loss(self) -> list[dict[str, Any]]:
+        """The lost generation's workers not yet acknowledged, as status and health report them."""
+        return [w.as_dict() for w in self.lost_workers if not w.acknowledged]
+
+    def hold_lost_gpus(self) -> None:
+        """Forget lost workers that have ended; the GPUs the others run on stay unavailable."""
+        self.lost_workers = [w for w in self.lost_workers if w.running()]
+        held = {i for w in self.lost_workers for i in w.gpus}
+        if held != self.keeper.lost_gpus:
+            freed = bool(self.keeper.lost_gpus - held)
+            self.keeper.lost_gpus = held
+            self.keeper.allocator.set_unavailable(self.keeper.unavailable_gpus(self.doc))
+            if freed:
+                self.keeper.on_freed()  # the queue's cue: GPUs came back
 
     @property
     def doc(self) -> StateDoc:

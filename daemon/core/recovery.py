@@ -15,11 +15,11 @@ import logging
 import os
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 from msgspec.structs import replace
 
 from computegroups.daemon.core.events import swap_roles
+from computegroups.daemon.core.lost import LostWorker, gpus_named
 from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import remove_component
@@ -29,6 +29,7 @@ from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.supervision.proctree import marked_processes, process_tree
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
 from computegroups.statefiles.store import mark_lost
+from computegroups.topology.model import Machine
 
 log = logging.getLogger("cgd.recovery")
 
@@ -52,7 +53,7 @@ def instance_processes(instance: str) -> list[tuple[int, float, str, dict[str, s
 
 
 def lost_generation_workers(marked: list[tuple[int, float, str, dict[str, str]]],
-                            components: Collection[str]) -> list[dict[str, Any]]:
+                            components: Collection[str], machine: Machine) -> list[LostWorker]:
     """The replicas of marked processes whose component the state has no record of, as the loss to report.
 
     cgd records a component before it starts its workers and stops them
@@ -65,15 +66,14 @@ def lost_generation_workers(marked: list[tuple[int, float, str, dict[str, str]]]
     was started a moment before a crash, before its pid was committed: a
     stray, stopped and started again by its policy.)
     """
-    by_ref: dict[str, dict[str, Any]] = {}
-    for pid, _, ref, env in marked:
+    by_ref: dict[str, LostWorker] = {}
+    for pid, start, ref, env in marked:
         if component_of(ref) in components:
             continue
-        entry = by_ref.setdefault(ref, {
-            "replica": ref, "pids": [], "user": env.get("USER", "unknown"),
-            "devices": env.get("CUDA_VISIBLE_DEVICES", ""),
-        })
-        entry["pids"].append(pid)
+        devices = env.get("CUDA_VISIBLE_DEVICES", "")
+        worker = by_ref.setdefault(ref, LostWorker(replica=ref, user=env.get("USER", "unknown"), devices=devices,
+                                                   gpus=gpus_named(devices, machine), processes=[]))
+        worker.processes.append((pid, start))
     return [by_ref[ref] for ref in sorted(by_ref)]
 
 
@@ -155,11 +155,14 @@ async def recover(manager: Manager) -> RecoveryReport:
         marked = [(pid, start, ref, env) for pid, start, ref, env in instance_processes(manager.paths.instance)
                   if pid not in kept and pid != os.getpid()]
         recorded = keeper.doc.components.keys() | set(releasing)  # a release finished just now left these
-        manager.state_loss = lost_generation_workers(marked, recorded)
-        for lost_worker in manager.state_loss:
-            log.error("kept %s (pids %s, user %s) running: started by a generation of the state that was lost "
-                      "(a fallback to an older state?); acknowledge with `cgctl ack-state-loss` once looked at",
-                      lost_worker["replica"], ", ".join(map(str, lost_worker["pids"])), lost_worker["user"])
+        manager.lost_workers = lost_generation_workers(marked, recorded, machine)
+        for lost_worker in manager.lost_workers:
+            log.error("kept %s (pids %s, user %s, GPUs %s) running: started by a generation of the state that "
+                      "was lost (a fallback to an older state?); its GPUs are held until it ends; acknowledge "
+                      "with `cgctl ack-state-loss` once looked at", lost_worker.replica,
+                      ", ".join(str(pid) for pid, _ in lost_worker.processes), lost_worker.user,
+                      ",".join(map(str, lost_worker.gpus)) or "none")
+        manager.hold_lost_gpus()
         # A `cgctl run` command is cgctl's child, not a worker: it has no worker record, and its lease
         # (alive, or released by the upkeep with what it left) decides when it ends.
         leases = {n for n, c in keeper.doc.components.items() if c.lease_pid and n not in releasing}

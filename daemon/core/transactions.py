@@ -110,6 +110,8 @@ class StateKeeper:
         self.doc: StateDoc = store.load()
         check_consistent(self.doc, machine)
         self.unhealthy: set[int] = set()
+        self.lost_gpus: set[int] = set()
+        """GPUs that workers of a lost generation of the state still run on (see lost.py)."""
         self.foreign: dict[int, int] = {}
         self.path_owner: Callable[[StateDoc, str], str | None] = lambda doc, name: None
         """The deployment whose plan names `name` (a set, scaling group or component path), if any.
@@ -223,10 +225,11 @@ class StateKeeper:
         )
 
     def unavailable_gpus(self, doc: StateDoc) -> set[int]:
-        """Drained, draining or unhealthy GPUs, for `doc` once the ledger follows it."""
+        """Drained, draining, unhealthy GPUs and those a lost generation's workers hold, for `doc`
+        once the ledger follows it."""
         by_uuid = {g.uuid: g.index for g in self.machine.gpus}
         drained = {by_uuid[u] for u in doc.drained if u in by_uuid}
-        return drained.union(*self._draining.values()) | self.unhealthy
+        return drained.union(*self._draining.values()) | self.unhealthy | self.lost_gpus
 
     @contextmanager
     def transaction(self) -> Iterator[StateDoc]:

@@ -33,7 +33,9 @@ class Upkeep(ManagerBase):
         """
         if not caller.is_root and caller.uid != os.geteuid():
             raise Forbidden("acknowledging a loss of cgd's state takes root (or cgd's own user)")
-        acknowledged, self.state_loss = self.state_loss, []
+        acknowledged = self.state_loss
+        for worker in self.lost_workers:
+            worker.acknowledged = True
         if acknowledged:
             log.warning("state loss acknowledged by %s: %s", user_name(caller.uid),
                         ", ".join(w["replica"] for w in acknowledged))
@@ -58,6 +60,8 @@ class Upkeep(ManagerBase):
         self.keeper.allocator.set_foreign(foreign)
         failed = {i for i, f in facts.items() if f.health != "ok"}
         async with self.keeper.lock:
+            if self.lost_workers:
+                self.hold_lost_gpus()
             self.keeper.unhealthy = failed
             self.keeper.allocator.set_unavailable(self.keeper.unavailable_gpus(self.doc))
             uuids = {self.keeper.machine.gpu(i).uuid for i in failed}

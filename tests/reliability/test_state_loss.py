@@ -71,3 +71,23 @@ def test_a_fallback_to_an_older_backup_keeps_and_reports_the_lost_generations_wo
     assert "WARNING" not in cgd.cgctl("status").stdout
     assert alive(lost), "acknowledging touches no process"
     assert "no state loss to acknowledge" in cgd.cgctl("ack-state-loss").stdout
+
+
+def test_the_gpus_a_lost_generations_worker_runs_on_are_not_handed_out_until_it_ends(cgd: Cgd) -> None:
+    older = cgd.state()
+    status, reply = cgd.request("POST", "/v1/components", {"name": "lost", "claim": {"gpus": 2}, "command": SLEEP})
+    assert status == 201, reply
+    lost = running_pid(cgd, "lost")
+    cgd.kill9()
+    cgd.write_state(older)
+    cgd.start()
+    (loss,) = cgd.request("GET", "/v1/status")[1]["state_loss"]
+    assert len(loss["gpus"]) == 2, loss
+    everything = {"name": "all", "claim": {"gpus": 8}, "command": SLEEP}
+    status, reply = cgd.request("POST", "/v1/components", everything)
+    assert status == 409, ("one GPU, two owners", reply)
+    assert cgd.cgctl("ack-state-loss").returncode == 0
+    assert cgd.request("POST", "/v1/components", everything)[0] == 409, "acknowledging frees no GPU"
+    os.kill(lost, 9)
+    wait_for(lambda: cgd.request("POST", "/v1/components", everything)[0] == 201, "the GPUs back once it ended",
+             timeout=30)
