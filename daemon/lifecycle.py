@@ -11,6 +11,7 @@ the workers (and remove their cgroups).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -30,7 +31,8 @@ from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.refs import ReplicaRef
 from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir, own_dir
-from computegroups.daemon.supervision.cgroups import TrackingUnavailable, choose_tracking
+from computegroups.daemon.supervision import cgroups
+from computegroups.daemon.supervision.cgroups import Tracking, TrackingUnavailable, choose_tracking
 from computegroups.daemon.supervision.mps import MpsControl, MpsError
 from computegroups.daemon.supervision.supervisor import Supervisor, WorkerExit, WorkerStart
 from computegroups.daemon.supervision.worklogs import rotate_all
@@ -154,9 +156,6 @@ class Daemon:
             raise
 
     async def _start(self) -> None:
-        from computegroups.topology.serialize import machine_to_dict
-        from computegroups.topology.telemetry import Telemetry
-
         opts = self.opts
         self.gateway, machine = open_machine(opts)
         problems = opts.config.allocator.pool_problems(len(machine.gpus))
@@ -170,6 +169,23 @@ class Daemon:
             store.let_go()
             raise StartupError(str(exc)) from None
         worker_paths = WorkerPaths(opts.log_dir, self.runtime_dir, str(opts.state_dir.resolve()))
+        try:
+            tracking = choose_tracking(opts.config.worker_tracking, worker_paths.instance)
+        except TrackingUnavailable as exc:
+            raise StartupError(str(exc)) from None
+        log.info("%s", tracking.describe())
+        try:
+            await self._serve(keeper, worker_paths, tracking)
+        except BaseException:
+            with contextlib.suppress(OSError):  # a failed start leaves no empty cgroup directory behind
+                cgroups.remove(tracking.path)
+            raise
+
+    async def _serve(self, keeper: StateKeeper, worker_paths: WorkerPaths, tracking: Tracking) -> None:
+        from computegroups.topology.serialize import machine_to_dict
+        from computegroups.topology.telemetry import Telemetry
+
+        opts, machine = self.opts, keeper.machine
         # The supervisor and the manager need each other: the supervisor is
         # built first and reports nothing before `supervisor.start()`, which
         # runs once the manager exists.
@@ -183,11 +199,6 @@ class Daemon:
             assert manager is not None, "a worker event before the manager exists"
             manager.on_worker_start(event)
 
-        try:
-            tracking = choose_tracking(opts.config.worker_tracking, worker_paths.instance)
-        except TrackingUnavailable as exc:
-            raise StartupError(str(exc)) from None
-        log.info("%s", tracking.describe())
         self.supervisor = Supervisor(self.runtime_dir, on_exit=on_exit, on_start=on_start, tracking=tracking)
         self.mps = None
         if opts.config.mps:

@@ -8,6 +8,7 @@ is none.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
@@ -161,3 +162,21 @@ def test_marks_mode_is_shown_and_an_escaped_child_with_no_marks_is_its_known_gap
     assert cgd.request("GET", "/v1/components/escaper")[1]["replicas"][0]["memory_bytes"] is None
     assert cgd.request("DELETE", "/v1/components/escaper")[0] == 200
     assert alive([child]) == [child], "no mark, no process group: invisible to marks (killed by the fixture)"
+
+
+@needs_cgroups
+def test_a_start_that_fails_leaves_no_cgroup_directory(tmp_path: Path) -> None:
+    """cgd creates its workers' directory early; a start that fails after that (here: MPS asked
+    for where there is no nvidia-cuda-mps-control) removes it again."""
+    config = tmp_path / "mps.toml"
+    config.write_text('[workers]\ntracking = "cgroup"\n\n[shares]\nmps = true\n')
+    (tmp_path / "bin").mkdir()
+    cgd = Cgd(tmp_path / "cgd", "dgx-h100", ("--config", str(config)), {"PATH": str(tmp_path / "bin")})
+    with pytest.raises(RuntimeError, match="cgd exited with"):
+        cgd.start()
+    assert "workers are tracked by cgroup" in cgd.log()
+    instance = str(cgd.state_dir.resolve())
+    mount, own = cgroups.cgroup2_mount(), cgroups.own_cgroup()
+    assert mount is not None and own is not None
+    workers = mount / own.lstrip("/") / ("cg-workers-" + hashlib.sha256(instance.encode()).hexdigest()[:12])
+    assert not workers.exists(), f"{workers} left behind"
