@@ -38,6 +38,9 @@ ExecStart={cgd} $CGD_OPTS
 KillMode=process
 # cgd may create a cgroup per worker under its own (see docs/configuration.md).
 Delegate=yes
+# cgd runs in a leaf of that cgroup, so the workers' cgroups beside it can
+# count memory (systemd 254 and later; older ones log once and ignore it).
+DelegateSubgroup=cgd
 KillSignal=SIGTERM
 # Room for workers' stop timeouts (10 s each by default, stopped in parallel).
 TimeoutStopSec=90
@@ -72,6 +75,9 @@ ExecStart={cgd} $CGD_OPTS
 KillMode=process
 # cgd may create a cgroup per worker under its own (see docs/configuration.md).
 Delegate=yes
+# cgd runs in a leaf of that cgroup, so the workers' cgroups beside it can
+# count memory (systemd 254 and later; older ones log once and ignore it).
+DelegateSubgroup=cgd
 TimeoutStopSec=90
 WatchdogSec=30
 Restart=on-failure

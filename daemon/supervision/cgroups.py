@@ -16,6 +16,15 @@ hierarchy, or under systemd with `Delegate=yes`) each worker gets its own:
 - the directories are named by worker key under a directory named by the
   state, so a cgd started again finds those of the workers it adopts.
 
+Memory is counted only where the memory controller reaches the workers, and
+cgroup v2 enables a controller for children only in a cgroup that holds no
+process itself. So the shipped units start cgd in a leaf of its service's
+cgroup (`DelegateSubgroup=cgd`, systemd 254 and later): cgd then puts its
+workers' directory beside that leaf, in the delegated cgroup, and enables
+memory there. Started anywhere else (a shell, older systemd), the directory
+goes inside cgd's own cgroup, where counting and killing work but memory,
+for that rule, is not counted.
+
 Elsewhere (no cgroup2 mount, a read-only one, no delegation) the marks are
 all there is; the choice is made once at start (`choose_tracking`), logged and
 shown by `GET /v1/health`. The hybrid layout of some hosts (cgroup2 at
@@ -35,6 +44,8 @@ from pathlib import Path
 from computegroups.daemon.model.config import WorkerTracking
 
 CGROUP_MODE = "cgroup"
+LEAF = "cgd"
+"""The leaf the shipped units start cgd in (`DelegateSubgroup=cgd`)."""
 MARKS_MODE = "marks"
 
 
@@ -50,18 +61,22 @@ class Tracking:
     mode: str
     path: Path | None
     why: str
+    memory: bool = False
+    """Each worker's cgroup counts its memory (`memory.current`)."""
 
     def worker_dir(self, key: str) -> Path | None:
         """The cgroup of worker `key`; None when workers are tracked by marks."""
         return self.path / key if self.path is not None else None
 
-    def as_dict(self) -> dict[str, str | None]:
-        return {"mode": self.mode, "path": str(self.path) if self.path is not None else None, "why": self.why}
+    def as_dict(self) -> dict[str, str | bool | None]:
+        return {"mode": self.mode, "path": str(self.path) if self.path is not None else None, "why": self.why,
+                "memory": self.memory}
 
     def describe(self) -> str:
         """One line for cgd's start-up log."""
         if self.path is not None:
-            return f"workers are tracked by cgroup, under {self.path} ({self.why})"
+            counted = "with" if self.memory else "without"
+            return f"workers are tracked by cgroup, under {self.path} ({self.why}), {counted} their memory"
         return f"workers are tracked by their environment marks: {self.why}"
 
 
@@ -79,7 +94,7 @@ def choose_tracking(wanted: WorkerTracking, instance: str) -> Tracking:
     except OSError as exc:
         why = f"cgroup v2 is not writable here ({exc})"
     else:
-        return Tracking(CGROUP_MODE, path, f"workers.tracking is \"{wanted.value}\"")
+        return Tracking(CGROUP_MODE, path, f"workers.tracking is \"{wanted.value}\"", _counts_memory(path))
     if wanted == WorkerTracking.CGROUP:
         raise TrackingUnavailable(f"workers.tracking is \"cgroup\" but {why}")
     return Tracking(MARKS_MODE, None, why)
@@ -95,7 +110,11 @@ def _workers_dir(instance: str) -> Path:
     if own is None:
         raise OSError(errno.ENOENT, "/proc/self/cgroup has no cgroup v2 line")
     name = "cg-workers-" + hashlib.sha256(instance.encode()).hexdigest()[:12]
-    path = mount / own.lstrip("/") / name
+    base = mount / own.lstrip("/")
+    if base.name == LEAF and base.parent != mount:
+        base = base.parent  # DelegateSubgroup=cgd: the delegated cgroup holds no process of its own
+        _enable_memory(base)
+    path = base / name
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o755)
     if not (path / "cgroup.kill").exists():
@@ -116,6 +135,13 @@ def _enable_memory(path: Path) -> None:
             (path / "cgroup.subtree_control").write_text("+memory")
     except OSError:
         pass  # then memory is not reported; counting and killing work all the same
+
+
+def _counts_memory(path: Path) -> bool:
+    try:
+        return "memory" in (path / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return False
 
 
 def cgroup2_mount() -> Path | None:

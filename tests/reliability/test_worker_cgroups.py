@@ -82,10 +82,10 @@ def alive(pids: list[int]) -> list[int]:
     return [pid for pid in pids if start_time(pid) is not None]
 
 
-def tracking(cgd: Cgd) -> dict[str, str | None]:
+def tracking(cgd: Cgd) -> dict[str, str | bool | None]:
     status, health = cgd.request("GET", "/v1/health")
     assert status == 200, health
-    where: dict[str, str | None] = health["worker_tracking"]
+    where: dict[str, str | bool | None] = health["worker_tracking"]
     return where
 
 
@@ -154,7 +154,7 @@ def test_marks_mode_is_shown_and_an_escaped_child_with_no_marks_is_its_known_gap
     """Marks find a child that left the process group (tests/daemon/core/test_cgd_e2e.py), not one that
     also cleared its environment: that is what cgroup tracking is for. Documents the gap."""
     cgd = start_in("marks")
-    assert tracking(cgd) == {"mode": "marks", "path": None,
+    assert tracking(cgd) == {"mode": "marks", "path": None, "memory": False,
                              "why": 'workers.tracking is "marks" in the configuration'}
     assert "workers are tracked by their environment marks" in cgd.log()
     allocate_escaper(cgd, escaped, tmp_path / "never", {"policy": "on-failure"})
