@@ -25,7 +25,7 @@ from computegroups.daemon.core.health import HealthMonitor
 from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.recovery import recover, shutdown
 from computegroups.daemon.core.transactions import StateKeeper
-from computegroups.daemon.core.workers import WorkerPaths, watcher_key
+from computegroups.daemon.core.workers import INSTANCE_VAR, WorkerPaths, watcher_key
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.refs import ReplicaRef
@@ -98,18 +98,24 @@ class InstanceLock:
 
 
 def open_machine(opts: Options):
-    """The gateway and machine, real or simulated, with the fallback rule."""
+    """The gateway and machine, real or simulated, with the fallback rule.
+
+    A simulated machine lists this cgd's workers (those carrying its
+    CG_INSTANCE) as processes on their GPUs, when its machine or fault
+    file asks for it.
+    """
     from computegroups.topology import NvmlUnavailable, open_gateway
     from computegroups.topology.discovery import discover
 
+    mark = (INSTANCE_VAR, str(opts.state_dir.resolve()))
     try:
-        gateway = open_gateway(opts.simulate)
+        gateway = open_gateway(opts.simulate, worker_mark=mark)
     except NvmlUnavailable as exc:
         if not opts.simulate_fallback:
             raise StartupError(str(exc)) from None
         log.warning("no NVIDIA driver here (%s); running on the simulated machine %s",
                     exc.reason, opts.simulate_fallback)
-        gateway = open_gateway(opts.simulate_fallback)
+        gateway = open_gateway(opts.simulate_fallback, worker_mark=mark)
     except (ValueError, OSError) as exc:
         raise StartupError(str(exc)) from None
     return gateway, discover(gateway)

@@ -75,11 +75,15 @@ class CgdApp:
         from computegroups.daemon.core.views import components_at_a_glance, gpu_status, group_view
 
         doc = self.manager.doc
+        monitor = self.health_monitor
+        views = self.manager.components()
         return {
             "generation": doc.generation,
-            "gpus": gpu_status(self.manager.keeper.machine, doc, self.health_monitor.as_dict()),
+            "gpus": gpu_status(self.manager.keeper.machine, doc, monitor.as_dict(), monitor.measured(),
+                               monitor.used_by_replica(), self.manager.worker_pids(),
+                               {v["name"]: v["state"] for v in views}),
             "lost_groups": [group_view(doc, g) for g in doc.groups.values() if g.state == "lost"],
-            "components": components_at_a_glance(self.manager.components()),
+            "components": components_at_a_glance(views),
             "state_loss": self.manager.state_loss,
         }
 

@@ -92,6 +92,8 @@ class HealthMonitor:
         self.telemetry = telemetry
         self.config = config
         self.facts: dict[int, GpuFacts] = {}
+        self.samples: tuple[GpuSample, ...] = ()
+        """The latest sample only: a measurement shown as it was taken, never kept beside the state."""
         self.last_sample: float | None = None
         self._task: asyncio.Task | None = None
 
@@ -123,6 +125,7 @@ class HealthMonitor:
         roots, shares = self.manager.worker_pids_and_shares()
         on_gpus = {p.pid for s in samples for p in s.processes}
         self.facts = assess(samples, self.config, owners_of(on_gpus, roots), shares)
+        self.samples = samples
         self.last_sample = self.manager.keeper.clock()
         await self.manager.apply_health(self.facts)
         await self.manager.expire()
@@ -130,3 +133,21 @@ class HealthMonitor:
 
     def as_dict(self) -> dict[int, dict[str, Any]]:
         return {index: f.as_dict() for index, f in self.facts.items()}
+
+    def measured(self) -> dict[int, dict[str, Any]]:
+        """What NVML said of each GPU at the last sample (GpuStatus `measured`); empty before it."""
+        return {s.index: measured_view(s, self.last_sample) for s in self.samples}
+
+    def used_by_replica(self) -> dict[int, dict[str, int]]:
+        """MiB each replica's processes used on each GPU at the last sample, for the GPUs
+        that answered (a lost GPU's use is unknown, not zero)."""
+        return {s.index: dict(self.facts[s.index].used_by_worker) for s in self.samples
+                if not s.lost and s.index in self.facts}
+
+
+def measured_view(s: GpuSample, sampled_at: float | None) -> dict[str, Any]:
+    return {
+        "utilization_gpu_pct": s.utilization_pct, "utilization_memory_pct": s.utilization_memory_pct,
+        "memory_used_mib": s.memory_used_mib, "temperature_c": s.temperature_c,
+        "sampled_at": sampled_at,
+    }
