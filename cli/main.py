@@ -34,6 +34,7 @@ COMMANDS = {
     "run": "run:run",
     "scale": "release:scale",
     "status": "status:status",
+    "top": "status:top",
     "topo": "topo:topo",
     "wait": "wait:wait",
 }
