@@ -64,9 +64,9 @@ def _watch(cgd: CgdClient, interval: float) -> None:
     from computegroups.cli.watch import watch
 
     with talking():
-        islands = cgd.machine()["nvlink_islands"]
+        machine = cgd.machine()
         first = look(cgd)
-    watch(lambda: look(cgd), first, islands, interval)
+    watch(lambda: look(cgd), first, machine["nvlink_islands"], interval, machine.get("hostname") or "")
 
 
 @click.command(name="list")

@@ -20,8 +20,8 @@ from computegroups.cli.status_view import Board, clip, island_lines, status_line
 from computegroups.daemon.client.errors import ClientError
 
 plain = styler(False)
-KEYS_FLAT = "q: quit  arrows: scroll"
-KEYS_ISLANDS = "q: quit  arrows: move  enter: open/close  e: all"
+KEYS_FLAT = "arrows: scroll  q: quit"
+KEYS_ISLANDS = "enter: open  e: all  q: quit"
 
 
 @dataclass
@@ -97,16 +97,17 @@ def press(key: int, view: View, islands: Sequence[Sequence[int]], folded: bool, 
     return True
 
 
-def watch(look: Callable[[], Board], first: Board, islands: Sequence[Sequence[int]], interval: float) -> None:
+def watch(look: Callable[[], Board], first: Board, islands: Sequence[Sequence[int]], interval: float,
+          host: str) -> None:
     """Redraw until q or Ctrl-C; a cgd that stops answering is said on the title line, the last look kept."""
     try:
-        curses.wrapper(_loop, look, first, islands, interval)
+        curses.wrapper(_loop, look, first, islands, interval, host)
     except KeyboardInterrupt:
         pass
 
 
 def _loop(screen: curses.window, look: Callable[[], Board], board: Board, islands: Sequence[Sequence[int]],
-          interval: float) -> None:
+          interval: float, host: str) -> None:
     try:
         curses.curs_set(0)
     except curses.error:
@@ -116,7 +117,7 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
     trouble = ""
     while True:
         height, width = screen.getmaxyx()
-        title = f"cgctl top  every {interval:g}s  {time.strftime('%H:%M:%S')}{trouble}"
+        title = f"{host}  every {interval:g}s  {time.strftime('%H:%M:%S')}{trouble}"
         shown = frame(board, islands, view, width, height, title)
         _draw(screen, shown, width)
         screen.timeout(max(0, int((looked + interval - time.monotonic()) * 1000)))

@@ -155,7 +155,7 @@ def test_watch_redraws_in_place_and_ctrl_c_gives_the_terminal_back(
     p.run(cgd, "status", "--watch", "--interval", "0.2")
     screen = p.until(lambda s: (g := rows(s)) and g.get(1, "").endswith("crash:restarting")
                      and g.get(4, "").endswith("job:failed"), "the watch shows crash restarting, job failed")
-    assert screen[0].startswith("cgctl top  every 0.2s  ") and screen[1].startswith("GPU MODEL")
+    assert screen[0].startswith("dgx1-sim  every 0.2s  ") and screen[1].startswith("GPU MODEL")
     assert rows(screen)[0].startswith("  0 V100 16GB") and all(len(line) <= 80 for line in screen)
     assert "big" in "\n".join(screen)  # the queue, under the summary
 
@@ -164,6 +164,10 @@ def test_watch_redraws_in_place_and_ctrl_c_gives_the_terminal_back(
     ok(cgd, "allocate", "late", "--gpus", "1", "--gpu-ids", "7", "--", *SLEEPER)
     p.until(lambda s: rows(s).get(0, "").endswith("  web:run") and rows(s).get(7, "").endswith("  late:run"),
             "the watch redraws with web-sb gone and late on GPU 7")
+
+    cgd.stop()
+    screen = p.until(lambda s: "  cgd: cgd is not running" in s[0], "the title says cgd went away")
+    assert rows(screen)[7].endswith("  late:run")  # the last look stays on screen
 
     p.keys("C-c")
     screen = p.until(ended, "cgctl ended on Ctrl-C")
@@ -189,7 +193,7 @@ def test_top_on_seventy_two_gpus_folds_nvlink_islands_and_opens_one(
     folded = [line for line in screen if line.startswith("+ ")]
     assert folded[0].startswith("+   0-7 A100 80GB") and folded[0].endswith("  train:run")
     assert folded[-1].startswith("+    71 L40S") and [f for f in folded if f.endswith("  web:run")]
-    assert "enter: open/close" in screen[0]
+    assert "enter: open" in screen[0]
 
     p.keys("Enter")
     screen = p.until(lambda s: any(line.startswith("-   0-7") for line in s), "island 0-7 opened")
