@@ -194,8 +194,9 @@ def _columns(width: int) -> tuple[bool, bool]:
     return width >= 71, width >= 56
 
 
-def line(cells: Cells, width: int, label_width: int, style: Style) -> str:
-    """`  3 H100 80GB  87% [###=----] 24.1/40.0G 45C  web:run web-sb:shadow +1`, never past `width`."""
+def line(cells: Cells, width: int, label_width: int, style: Style, users: bool = False) -> str:
+    """`  3 H100 80GB  87% [###=----] 24.1/40.0G 45C  web:run web-sb:shadow +1`, never past `width`;
+    with `users`, each occupant as `ada/web:run`."""
     with_bar, with_model = _columns(width)
     memory = f"{_gib(cells.used_mib)}/{_gib(cells.claimed_mib)}G"
     head = (f"{cells.label:>{label_width}} " + (f"{cells.model:<{MODEL_WIDTH}} " if with_model else "")
@@ -205,9 +206,14 @@ def line(cells: Cells, width: int, label_width: int, style: Style) -> str:
     if len(head) >= width:
         return head[:width].rstrip()
     tokens = [(m, style(m, fg="red", bold=True)) for m in cells.marks]
-    tokens += [(f"{o.name}:{_word(o.state)}", style(f"{o.name}:{_word(o.state)}", fg=_colour(o.state)))
-               for o in cells.occupants]
+    tokens += [(name, style(name, fg=_colour(o.state)))
+               for name, o in ((_label(o, users), o) for o in cells.occupants)]
     return head + _fit_tokens(tokens, width - len(head) - 2, prefix="  ")
+
+
+def _label(o: Occupant, users: bool) -> str:
+    who = f"{o.user}/{o.name}" if users and o.user else o.name
+    return f"{who}:{_word(o.state)}"
 
 
 def _colour(state: str) -> str | None:
@@ -270,11 +276,18 @@ class Board(NamedTuple):
     def on(self, gpu: Doc) -> list[Occupant]:
         return occupants(gpu, self.components, self.reservations)
 
+    @property
+    def shared(self) -> bool:
+        """Whether more than one user holds GPUs: then each occupant is named with its user."""
+        return len({o.user for g in self.gpus for o in self.on(g) if o.user}) > 1
+
 
 def gpu_lines(board: Board, width: int, style: Style) -> list[str]:
     gpus = board.gpus
     label_width = max([3, *(len(str(g["index"])) for g in gpus)])
-    return [header(label_width, width), *(line(gpu_cells(g, board.on(g)), width, label_width, style) for g in gpus)]
+    users = board.shared
+    return [header(label_width, width),
+            *(line(gpu_cells(g, board.on(g)), width, label_width, style, users) for g in gpus)]
 
 
 def island_lines(board: Board, islands: Sequence[Sequence[int]], expanded: set[int], width: int,
@@ -282,6 +295,7 @@ def island_lines(board: Board, islands: Sequence[Sequence[int]], expanded: set[i
     """One line per NVLink island, `+` before a folded one, `-` before an open one with its GPUs
     below it; each line with the island it belongs to (None for the header)."""
     by_index = {g["index"]: g for g in board.gpus}
+    users = board.shared
     label_width = max([5, *(len(_span(i)) for i in islands)])
     lines: list[tuple[int | None, str]] = [(None, "  " + header(label_width, width - 2))]
     for n, island in enumerate(islands):
@@ -289,9 +303,11 @@ def island_lines(board: Board, islands: Sequence[Sequence[int]], expanded: set[i
         if not gpus:
             continue
         mark = "- " if n in expanded else "+ "
-        lines.append((n, mark + line(island_cells(gpus, [board.on(g) for g in gpus]), width - 2, label_width, style)))
+        cells = island_cells(gpus, [board.on(g) for g in gpus])
+        lines.append((n, mark + line(cells, width - 2, label_width, style, users)))
         if n in expanded:
-            lines += [(n, "  " + line(gpu_cells(g, board.on(g)), width - 2, label_width, style)) for g in gpus]
+            lines += [(n, "  " + line(gpu_cells(g, board.on(g)), width - 2, label_width, style, users))
+                      for g in gpus]
     return [(n, clip(text, width)) for n, text in lines]
 
 

@@ -169,7 +169,7 @@ def test_status_text_long_and_json(cgd: FakeCgd) -> None:
     cgd.on("GET", "/v1/reservations", {"reservations": reservations})
     text = cgctl("status").stdout
     assert "\x1b[" not in text  # not a terminal
-    assert text.splitlines()[1].endswith("web:run web-sb:shadow") and "later:reserved" in text
+    assert text.splitlines()[1].endswith("ada/web:run ada/web-sb:shadow") and "bob/later:reserved" in text
     assert cgctl("status", "--watch").stdout == text and cgctl("top").stdout == text  # no terminal: once
     assert json.loads(cgctl("--json", "status").stdout) == status_json(Board.of(doc, components, reservations))
     cgd.on("GET", "/v1/status", status())

@@ -220,5 +220,13 @@ def test_a_small_terminal_neither_wraps_nor_loses_who_is_on_a_gpu(
     screen = p.until(lambda s: any(line.split()[:3] == ["pending", "#1", "big"] for line in s),
                      "scrolled down to the queue")
     assert screen[1].split()[:2] == ["GPU", "UTIL"] and 0 not in rows(screen)  # the column heads stay
+
+    p.tmux("resize-window", "-t", "main", "-x", "30", "-y", "8")  # made smaller as it runs
+    p.keys("Home")
+    # drawn anew for 30 columns: no room to name anyone on GPU 0, so only how many
+    screen = p.until(lambda s: re.match(r"^\s*0 +\S+ +\S+/79\.6G +\d+C  \+2$", rows(s).get(0, "")),
+                     "redrawn for 30x8")
+    assert len(screen) <= 8
+    assert all(len(line) <= 30 for line in p.tmux("capture-pane", "-p", "-t", "main", "-S", "-", "-E", "-").split("\n"))
     p.keys("q")
     assert p.until(ended, "ended")[0] == "EXIT=0"

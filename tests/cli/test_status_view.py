@@ -49,7 +49,7 @@ def test_one_line_per_gpu_with_measured_use_against_claimed() -> None:
     assert lines[0].split() == ["GPU", "MODEL", "UTIL", "MEMORY", "used/claimed", "TEMP", "ON", "IT"]
     gpus = rows(lines)
     assert list(gpus) == [str(i) for i in range(8)]
-    assert gpus["0"] == "  0 H100 80GB  87% [#####===] 48.0/79.6G  61C  web:run web-sb:shadow"
+    assert gpus["0"] == "  0 H100 80GB  87% [#####===] 48.0/79.6G  61C  ada/web:run ada/web-sb:shadow"
     assert gpus["3"].split()[3:7] == ["35%", "[###===--]", "30.0/60.0G", "50C"]
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
 
@@ -72,15 +72,24 @@ def test_unmeasured_values_read_as_a_dash() -> None:
 
 def test_each_occupant_in_its_state() -> None:
     gpus = rows(status_lines(board(), plain))
-    assert gpus["0"].endswith("web:run web-sb:shadow")
-    assert gpus["1"].endswith("crash:restarting")
-    assert gpus["2"].endswith("later:reserved")
-    assert gpus["4"].endswith("job:failed")  # a failed replica beside a completed one: the worse shows
+    assert gpus["0"].endswith("  ada/web:run ada/web-sb:shadow")
+    assert gpus["1"].endswith("  bob/crash:restarting")
+    assert gpus["2"].endswith("  bob/later:reserved")
+    assert gpus["4"].endswith("  carol/job:failed")  # a failed replica beside a completed one: the worse shows
     assert gpus["5"].endswith("DRAINED") and gpus["6"].endswith("FAILED DEGRADED")
     assert gpus["7"].endswith("FOREIGN ghost:-")  # on the GPU, not (yet) in the component list
     status = busy_machine()[0]
     done = [owned("job", "running", [replica(0, 4, "completed")])]
     assert [o.state for o in occupants(status["gpus"][4], {"job": done[0]}, {})] == ["completed"]
+
+
+def test_users_are_named_only_when_more_than_one_holds_gpus() -> None:
+    status, components, reservations = busy_machine()
+    for doc in (*components, *reservations):
+        doc["owner"]["user"] = "ada"
+    gpus = rows(status_lines(Board.of(status, components, reservations), plain))
+    assert gpus["0"].endswith("  web:run web-sb:shadow") and gpus["3"].endswith("  small-a:run small-b:run +1")
+    assert gpus["2"].endswith("  later:reserved")
 
 
 def test_a_promoted_shadow_reads_as_running() -> None:
@@ -92,7 +101,7 @@ def test_a_promoted_shadow_reads_as_running() -> None:
 
 def test_more_occupants_than_fit_end_in_plus_n() -> None:
     gpus = rows(status_lines(board(), plain))
-    assert gpus["3"].endswith("small-a:run small-b:run +1")
+    assert gpus["3"].endswith("  ada/small-a:run +2")
     many = gpu(0, components=[f"component-{i}" for i in range(9)])
     line = rows(gpu_lines(Board.of({"gpus": [many]}, [], []), 80, plain))["0"]
     assert line.endswith("component-0:- component-1:- +7") and len(line) <= 80
@@ -143,10 +152,10 @@ def test_memory_bar() -> None:
 
 def test_narrow_terminals_drop_the_bar_then_the_model_and_keep_who() -> None:
     at70 = rows(status_lines(board(), plain, 70))
-    assert "[" not in at70["0"] and "H100 80GB" in at70["0"] and at70["0"].endswith("web:run web-sb:shadow")
+    assert "[" not in at70["0"] and "H100 80GB" in at70["0"] and at70["0"].endswith("ada/web:run ada/web-sb:shadow")
     at40 = rows(status_lines(board(), plain, 40))
-    assert at40["0"] == "  0  87% 48.0/79.6G  61C  web:run +1"
-    assert at40["1"] == "  1   0%  0.0/79.6G  35C  crash:resta..."
+    assert at40["0"] == "  0  87% 48.0/79.6G  61C  ada/web:run +1"
+    assert at40["1"] == "  1   0%  0.0/79.6G  35C  bob/crash:r..."
 
 
 @given(st.integers(min_value=1, max_value=160))
@@ -163,7 +172,7 @@ def test_islands_fold_into_one_line_each() -> None:
     assert [n for n, _ in tagged] == [None, 0, 1]
     first = tagged[1][1]
     # mean measured utilisation of those measured, memory summed, the hottest, everyone on it
-    assert first == "+   0-3 H100 80GB  40% [##======]  78.0/299G  61C  crash:restarting +6"
+    assert first == "+   0-3 H100 80GB  40% [##======]  78.0/299G  61C  bob/crash:restarting +6"
     assert "+ 4-7" in tagged[2][1].replace("   ", " ") and "FAILED" in tagged[2][1]
     opened = island_lines(b, [[0, 1, 2, 3], [4, 5, 6, 7]], {1}, 80, plain)
     assert [n for n, _ in opened] == [None, 0, 1, 1, 1, 1, 1]
