@@ -11,17 +11,37 @@ ever longer than the screen is wide, so nothing wraps.
 from __future__ import annotations
 
 import curses
+import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from computegroups.cli.render import state_loss_lines, styler
+from computegroups.cli.render import colour_enabled, state_loss_lines, styler
 from computegroups.cli.status_view import Board, clip, island_lines, status_lines, summary_line, tail_lines
 from computegroups.daemon.client.errors import ClientError
 
 plain = styler(False)
 KEYS_FLAT = "arrows: scroll  q: quit"
 KEYS_ISLANDS = "enter: open  e: all  q: quit"
+
+
+STATE_KINDS = {"failed": 1, "lost": 1, "timeout": 1, "restarting": 2, "start": 2, "degraded": 2,
+               "shadow": 3, "reserved": 3, "run": 4}
+MARK_KINDS = {"FAILED": 1, "LOST": 1, "DEGRADED": 1, "DRAINED": 2, "FOREIGN": 2, "OVER-SHARE": 2}
+"""Colour pairs: 1 red (broken), 2 yellow (look soon), 3 cyan (standing by), 4 green (working)."""
+TOKEN = re.compile(r"(?<=\s)\S+:([a-z]+)(?=\s|$)|(?<=\s)([A-Z][A-Z-]{3,})(?=\s|:|$)")
+
+
+def highlights(text: str) -> list[tuple[int, int, int]]:
+    """Where `text` (a line of `frame()`) gets a colour: (column, length, pair) for each
+    `name:state` whose state has one and each mark in capitals."""
+    found = []
+    for m in TOKEN.finditer(text):
+        pair = STATE_KINDS.get(m.group(1)) if m.group(1) is not None else MARK_KINDS.get(m.group(2))
+        if pair:
+            found.append((m.start(), m.end() - m.start(), pair))
+    return found
 
 
 @dataclass
@@ -112,6 +132,12 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
         curses.curs_set(0)
     except curses.error:
         pass  # a terminal that cannot hide the cursor shows it
+    colour = curses.has_colors() and colour_enabled(sys.stdout)
+    if colour:
+        curses.use_default_colors()
+        for pair, fg in ((1, curses.COLOR_RED), (2, curses.COLOR_YELLOW), (3, curses.COLOR_CYAN),
+                         (4, curses.COLOR_GREEN)):
+            curses.init_pair(pair, fg, -1)
     view = View()
     looked = time.monotonic()
     trouble = ""
@@ -119,7 +145,7 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
         height, width = screen.getmaxyx()
         title = f"{host}  every {interval:g}s  {time.strftime('%H:%M:%S')}{trouble}"
         shown = frame(board, islands, view, width, height, title)
-        _draw(screen, shown, width)
+        _draw(screen, shown, width, colour)
         screen.timeout(max(0, int((looked + interval - time.monotonic()) * 1000)))
         key = screen.getch()
         if key != -1 and not press(key, view, islands, shown.islands, max(1, height - 2)):
@@ -132,12 +158,14 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
                 trouble = f"  cgd: {err}"
 
 
-def _draw(screen: curses.window, shown: Frame, width: int) -> None:
+def _draw(screen: curses.window, shown: Frame, width: int, colour: bool) -> None:
     screen.erase()
     for row, text in enumerate(shown.lines):
         attr = curses.A_REVERSE if row == shown.selected else curses.A_BOLD if row == 0 else curses.A_NORMAL
         try:
             screen.addnstr(row, 0, text, width, attr)
+            for column, length, pair in highlights(text) if colour and row else ():
+                screen.chgat(row, column, length, attr | curses.color_pair(pair))
         except curses.error:
             pass  # the bottom-right cell: curses writes it, then fails to move the cursor past it
     screen.refresh()

@@ -43,8 +43,10 @@ class Pane:
         # the shell outlives a Ctrl-C meant for cgctl (a trap, not an ignore: cgctl must still get it)
         script.write_text(f"trap : INT\n{shlex.join([_executable('cgctl'), *args])}\necho \"EXIT=$?\"\n"
                           "stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\{0,1\\}icanon'\nexec sleep 600\n")
+        env = {**cgd.env(), "TERM": "xterm-256color"}
+        env.pop("NO_COLOR", None)
         self.tmux("new-session", "-d", "-x", str(self.width), "-y", str(self.height), "-s", "main",
-                  f"sh {shlex.quote(str(script))}", env={**cgd.env(), "TERM": "xterm-256color"})
+                  f"sh {shlex.quote(str(script))}", env=env)
 
     def screen(self) -> list[str]:
         return self.tmux("capture-pane", "-p", "-t", "main").rstrip("\n").split("\n")
@@ -158,6 +160,8 @@ def test_watch_redraws_in_place_and_ctrl_c_gives_the_terminal_back(
     assert screen[0].startswith("dgx1-sim  every 0.2s  ") and screen[1].startswith("GPU MODEL")
     assert rows(screen)[0].startswith("  0 V100 16GB") and all(len(line) <= 80 for line in screen)
     assert "big" in "\n".join(screen)  # the queue, under the summary
+    coloured = p.tmux("capture-pane", "-e", "-p", "-t", "main")
+    assert "\x1b[33mcrash:restarting" in coloured and "\x1b[31mjob:failed" in coloured
 
     ok(cgd, "release", "web-sb")
     ok(cgd, "release", "big")

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from computegroups.cli.status_view import Board
-from computegroups.cli.watch import View, frame, press
+from computegroups.cli.watch import View, frame, highlights, press
 from tests.cli.samples import busy_machine, wide_machine
 
 ENTER = 10
@@ -87,3 +87,13 @@ def test_a_frame_never_outgrows_the_screen(width: int, height: int, expanded: se
     shown = frame(board, islands, view, width, height, "cgctl top  every 1s  12:00:00")
     assert len(shown.lines) <= height and all(len(line) <= width for line in shown.lines)
     assert shown.selected is None or 0 < shown.selected < len(shown.lines)
+
+
+def test_states_and_marks_get_their_colours_and_nothing_else() -> None:
+    line = "  0 H100 80GB  87% [#####===] 48.0/79.6G  61C  ada/web:run ada/web-sb:shadow crash:restarting"
+    assert highlights(line) == [(47, 11, 4), (59, 17, 3), (77, 16, 2)]
+    assert highlights("  6 H100 80GB    - [--------]     -/0.0G  40C  FAILED DRAINED job:failed") == [
+        (47, 6, 1), (54, 7, 2), (62, 10, 1)]
+    assert highlights("GPU MODEL     UTIL MEMORY used/claimed   TEMP  ON IT") == []
+    assert highlights("  restarting  crash  bob    3 restarts") == []  # the queue's words are not tokens
+    assert highlights("+  8-15 RTX A6000  0% [--------]  0.0/0.0G  35C  x:-") == []
