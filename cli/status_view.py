@@ -205,7 +205,8 @@ def line(cells: Cells, width: int, label_width: int, style: Style, users: bool =
             + f"{memory:>10} {cells.temperature:>4}")
     if len(head) >= width:
         return head[:width].rstrip()
-    tokens = [(m, style(m, fg="red", bold=True)) for m in cells.marks]
+    tokens = [(m, style(m, fg="yellow" if m.split()[-1] in ("DRAINED", "FOREIGN", "OVER-SHARE") else "red",
+                        bold=True)) for m in cells.marks]
     tokens += [(name, style(name, fg=_colour(o.state)))
                for name, o in ((_label(o, users), o) for o in cells.occupants)]
     return head + _fit_tokens(tokens, width - len(head) - 2, prefix="  ")
@@ -223,7 +224,7 @@ def _colour(state: str) -> str | None:
         return "yellow"
     if state in ("shadow", "reservation", "pending"):
         return "cyan"
-    return None
+    return "green" if state == "running" else None
 
 
 def _fit_tokens(tokens: Sequence[tuple[str, str]], room: int, prefix: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import click
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -196,3 +197,11 @@ def test_json_is_a_stable_projection() -> None:
     assert doc["gpus"][2]["occupants"] == [{"name": "later", "user": "bob", "state": "reservation",
                                             "memory_used_mib": None}]
     assert doc["summary"]["pending"] == 1 and len(doc["summary"]["alerts"]) == 3
+
+
+def test_colour_on_a_terminal_marks_states_without_moving_a_column() -> None:
+    coloured = status_lines(board(), styler(True))
+    assert "\x1b[32mada/web:run\x1b[0m" in coloured[1] and "\x1b[36mada/web-sb:shadow\x1b[0m" in coloured[1]
+    assert "\x1b[33mbob/crash:restarting" in coloured[2] and "\x1b[31mcarol/job:failed" in coloured[5]
+    assert "\x1b[33m\x1b[1mDRAINED" in coloured[6] and "\x1b[31m\x1b[1mFAILED" in coloured[7]
+    assert [click.unstyle(line) for line in coloured] == status_lines(board(), plain)
