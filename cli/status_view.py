@@ -63,15 +63,28 @@ def occupants(gpu: Doc, components: Mapping[str, Doc], reservations: Mapping[str
         elif name in reservations:
             found.append(Occupant(name, _user(reservations[name]), "reservation", measured))
         else:
-            found.append(Occupant(name, None, "-", measured))
+            found.append(_as_listed(name, entry, measured))
     return sorted(found, key=lambda o: (_rank(o.state), o.name))
 
 
 def _entry(entry: Any) -> tuple[str, int | None]:
-    """A GpuStatus `components` entry: a name, or `{"name", "memory_used_mib"}` where cgd measures it."""
+    """A GpuStatus `components` entry: a name, or `{"name", "memory_used_mib", ...}` where cgd measures it."""
     if isinstance(entry, Mapping):
         return str(entry.get("name")), entry.get("memory_used_mib")
     return str(entry), None
+
+
+def _as_listed(name: str, entry: Any, measured: int | None) -> Occupant:
+    """An occupant the component and reservation documents do not know (read a moment apart): as
+    the GPU's own entry tells it (the component's state, not its replicas'), `-` when it does not."""
+    if not isinstance(entry, Mapping) or entry.get("state") is None:
+        return Occupant(name, None, "-", measured)
+    state = str(entry["state"])
+    if entry.get("reservation"):
+        state = "reservation"
+    elif entry.get("shadow_of") and state == "running":
+        state = "shadow"
+    return Occupant(name, entry.get("user"), state, measured)
 
 
 def _user(doc: Doc) -> str | None:

@@ -205,3 +205,17 @@ def test_colour_on_a_terminal_marks_states_without_moving_a_column() -> None:
     assert "\x1b[33mbob/crash:restarting" in coloured[2] and "\x1b[31mcarol/job:failed" in coloured[5]
     assert "\x1b[33m\x1b[1mDRAINED" in coloured[6] and "\x1b[31m\x1b[1mFAILED" in coloured[7]
     assert [click.unstyle(line) for line in coloured] == status_lines(board(), plain)
+
+
+def test_an_occupant_only_the_gpu_entry_knows_reads_as_that_entry_says() -> None:
+    listed = gpu(0, components=[
+        {"name": "new", "user": "dan", "state": "running", "reservation": False, "shadow_of": None,
+         "memory_used_mib": 10},
+        {"name": "new-sb", "user": "dan", "state": "running", "reservation": False, "shadow_of": "new",
+         "memory_used_mib": None},
+        {"name": "hold", "user": "dan", "state": "reserved", "reservation": True, "shadow_of": None,
+         "memory_used_mib": None},
+        "bare"])
+    assert [tuple(o) for o in occupants(listed, {}, {})] == [
+        ("new", "dan", "running", 10), ("new-sb", "dan", "shadow", None), ("hold", "dan", "reservation", None),
+        ("bare", None, "-", None)]
