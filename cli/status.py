@@ -14,7 +14,7 @@ from computegroups.cli.status_view import WIDTH, Board, status_json, status_line
 from computegroups.daemon.client.sync import CgdClient
 
 INTERVAL = click.option("--interval", "-n", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
-                        metavar="SECONDS", help="With --watch: how often to look again.")
+                        metavar="SECONDS", help="How often to look again when redrawing.")
 
 
 def look(cgd: CgdClient) -> Board:

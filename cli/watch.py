@@ -132,6 +132,7 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
         curses.curs_set(0)
     except curses.error:
         pass  # a terminal that cannot hide the cursor shows it
+    curses.set_escdelay(25)  # Esc quits at once rather than after curses' second of waiting for a sequence
     colour = curses.has_colors() and colour_enabled(sys.stdout)
     if colour:
         curses.use_default_colors()
