@@ -127,8 +127,12 @@ def test_status_on_eight_gpus_one_line_each_with_who_in_which_state(
         start_cgd: Callable[..., Cgd], tmp_path: Path, pane: Callable[..., Pane]) -> None:
     cgd = measured_cgd(start_cgd, tmp_path, "dgx-h100")
     everyone(cgd)
-    wait_for(lambda: all(word in ok(cgd, "status") for word in ("job:failed", "fin:completed", "80%")),
-             "the replicas ended and NVML was sampled")
+
+    def settled() -> bool:
+        text = ok(cgd, "status")
+        return all(word in text for word in ("job:failed", "fin:completed", "80%"))
+
+    wait_for(settled, "the replicas ended and NVML was sampled", timeout=30)
     p = pane()
     p.run(cgd, "status")
     screen = p.until(ended, "cgctl status ended")
