@@ -48,15 +48,17 @@ class Pane:
         self.tmux("new-session", "-d", "-x", str(self.width), "-y", str(self.height), "-s", "main",
                   f"sh {shlex.quote(str(script))}", env=env)
 
-    def screen(self) -> list[str]:
-        return self.tmux("capture-pane", "-p", "-t", "main").rstrip("\n").split("\n")
+    def screen(self, colours: bool = False) -> list[str]:
+        """What the pane shows, with its colours as escape codes if asked."""
+        return self.tmux("capture-pane", "-p", *(["-e"] if colours else []), "-t", "main").rstrip("\n").split("\n")
 
-    def until(self, check: Callable[[list[str]], object], what: str) -> list[str]:
-        """The screen once `check` holds for it (polled: a redraw comes when it comes)."""
+    def until(self, check: Callable[[list[str]], object], what: str, colours: bool = False) -> list[str]:
+        """The screen once `check` holds for it (polled: a redraw comes when it comes, and a capture
+        may catch one half done, so `check` says all that is asserted of the screen after)."""
         seen: list[list[str]] = []
 
         def look() -> object:
-            seen[:] = [self.screen()]
+            seen[:] = [self.screen(colours)]
             return check(seen[0])
 
         try:
@@ -70,6 +72,8 @@ class Pane:
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", self.server, "kill-server"], capture_output=True, timeout=20, check=False)
+        folder = Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}"
+        (folder / self.server).unlink(missing_ok=True)  # tmux leaves the socket file behind
 
 
 @pytest.fixture
@@ -159,13 +163,18 @@ def test_watch_redraws_in_place_and_ctrl_c_gives_the_terminal_back(
     everyone(cgd)
     p = pane()
     p.run(cgd, "status", "--watch", "--interval", "0.2")
-    screen = p.until(lambda s: (g := rows(s)) and g.get(1, "").endswith("crash:restarting")
-                     and g.get(4, "").endswith("job:failed"), "the watch shows crash restarting, job failed")
-    assert screen[0].startswith("dgx1-sim  every 0.2s  ") and screen[1].startswith("GPU MODEL")
-    assert rows(screen)[0].startswith("  0 V100 16GB") and all(len(line) <= 80 for line in screen)
-    assert "big" in "\n".join(screen)  # the queue, under the summary
-    coloured = p.tmux("capture-pane", "-e", "-p", "-t", "main")
-    assert "\x1b[33mcrash:restarting" in coloured and "\x1b[31mjob:failed" in coloured
+
+    def everyone_shown(s: list[str]) -> bool:
+        g = rows(s)
+        return (s[0].startswith("dgx1-sim  every 0.2s  ") and s[1].startswith("GPU MODEL")
+                and g.get(0, "").startswith("  0 V100 16GB") and g.get(0, "").endswith("  web:run web-sb:shadow")
+                and g.get(1, "").endswith("  crash:restarting") and g.get(4, "").endswith("  job:failed")
+                and any(line.split()[:3] == ["pending", "#1", "big"] for line in s))  # the queue, under them
+
+    screen = p.until(everyone_shown, "the watch shows everyone, crash restarting, job failed")
+    assert all(len(line) <= 80 for line in screen)
+    p.until(lambda s: "\x1b[33mcrash:restarting" in "".join(s) and "\x1b[31mjob:failed" in "".join(s),
+            "restarting in yellow, failed in red", colours=True)
 
     ok(cgd, "release", "web-sb")
     ok(cgd, "release", "big")
@@ -196,18 +205,27 @@ def test_top_on_seventy_two_gpus_folds_nvlink_islands_and_opens_one(
 
     p = pane()
     p.run(cgd, "top")
-    screen = p.until(lambda s: len([line for line in s if line.startswith("+ ")]) == 20, "20 folded islands")
+
+    def folded(s: list[str]) -> list[str]:
+        lines = [line for line in s if line.startswith("+ ")]
+        whole = (len(lines) == 20 and "enter: open" in s[0] and lines[-1].startswith("+    71 L40S")
+                 and lines[0].startswith("+   0-7 A100 80GB") and lines[0].endswith("  train:run")
+                 and lines[-8].startswith("+    64 L40S") and lines[-8].endswith("  web:run"))
+        return lines if whole else []
+
+    screen = p.until(folded, "20 folded islands, train on 0-7 and web on 64")
     assert all(len(line) <= 80 for line in screen) and len(screen) <= 40
-    folded = [line for line in screen if line.startswith("+ ")]
-    assert folded[0].startswith("+   0-7 A100 80GB") and folded[0].endswith("  train:run")
-    assert folded[-1].startswith("+    71 L40S") and [f for f in folded if f.endswith("  web:run")]
-    assert "enter: open" in screen[0]
 
     p.keys("Enter")
-    screen = p.until(lambda s: any(line.startswith("-   0-7") for line in s), "island 0-7 opened")
-    opened = screen[next(i for i, line in enumerate(screen) if line.startswith("-   0-7")) + 1:][:8]
-    assert [int(line.split()[0]) for line in opened] == list(range(8))
-    assert all(line.endswith("  train:run") for line in opened) and all(len(line) <= 80 for line in screen)
+
+    def opened(s: list[str]) -> list[str]:
+        """The eight lines under island 0-7 once it is open (a capture may catch a redraw half done)."""
+        at = next((i for i, line in enumerate(s) if line.startswith("-   0-7")), None)
+        below = s[at + 1:at + 9] if at is not None else []
+        return below if [GPU_ROW.match(line) and int(line.split()[0]) for line in below] == list(range(8)) else []
+
+    screen = p.until(opened, "island 0-7 opened")
+    assert all(line.endswith("  train:run") for line in opened(screen)) and all(len(line) <= 80 for line in screen)
 
     p.keys("q")
     screen = p.until(ended, "cgctl top ended on q")
@@ -220,14 +238,15 @@ def test_a_small_terminal_neither_wraps_nor_loses_who_is_on_a_gpu(
     everyone(cgd)
     p = pane(44, 12)
     p.run(cgd, "top")
-    screen = p.until(lambda s: rows(s).get(0, "").endswith("web:run +1"), "GPU 0 at 44 columns")
+    # the bar and the model gave way; the GPUs fill the screen and the rest scrolls
+    screen = p.until(lambda s: rows(s).get(0, "").endswith("  web:run +1") and s[1].split()[:2] == ["GPU", "UTIL"]
+                     and list(rows(s)) == list(range(8)) and "1-10/" in s[0], "GPU 0 at 44 columns")
     assert all(len(line) <= 44 for line in screen) and len(screen) <= 12
-    assert screen[1].split()[:2] == ["GPU", "UTIL"]  # the bar and the model gave way
-    assert list(rows(screen)) == list(range(8)) and "1-10/" in screen[0]  # the rest scrolls
     p.keys("End")
-    screen = p.until(lambda s: any(line.split()[:3] == ["pending", "#1", "big"] for line in s),
+    screen = p.until(lambda s: any(line.split()[:3] == ["pending", "#1", "big"] for line in s)
+                     and 0 not in rows(s) and s[1].split()[:2] == ["GPU", "UTIL"],  # the column heads stay
                      "scrolled down to the queue")
-    assert screen[1].split()[:2] == ["GPU", "UTIL"] and 0 not in rows(screen)  # the column heads stay
+    assert all(len(line) <= 44 for line in screen)
 
     p.tmux("resize-window", "-t", "main", "-x", "30", "-y", "8")  # made smaller as it runs
     p.keys("Home")
