@@ -156,7 +156,7 @@ def gpu_cells(gpu: Doc, on_it: list[Occupant]) -> Cells:
     temperature = _temperature(gpu)
     return Cells(str(gpu["index"]), short_model(gpu.get("name")), "-" if util is None else f"{util}%",
                  _measured(gpu, "memory_used_mib"),
-                 (gpu.get("memory_allocated_mib") or 0) + (gpu.get("memory_foreign_mib") or 0),
+                 gpu.get("memory_allocated_mib") or 0,
                  gpu.get("memory_mib") or 0, "-" if temperature is None else f"{temperature}C",
                  marks(gpu), on_it)
 
@@ -176,7 +176,7 @@ def island_cells(gpus: Sequence[Doc], on_it: Sequence[list[Occupant]]) -> Cells:
     models = {short_model(g.get("name")) for g in gpus}
     return Cells(_span([g["index"] for g in gpus]), models.pop() if len(models) == 1 else "mixed",
                  f"{sum(utils) // len(utils)}%" if utils else "-", sum(used) if used else None,
-                 sum((g.get("memory_allocated_mib") or 0) + (g.get("memory_foreign_mib") or 0) for g in gpus),
+                 sum(g.get("memory_allocated_mib") or 0 for g in gpus),
                  sum(g.get("memory_mib") or 0 for g in gpus), f"{max(temps)}C" if temps else "-",
                  [f"{n} {m}" if n > 1 else m for m, n in counted.items()],
                  sorted(merged.values(), key=lambda o: (_rank(o.state), o.name)))

@@ -52,6 +52,8 @@ def test_one_line_per_gpu_with_measured_use_against_claimed() -> None:
     assert list(gpus) == [str(i) for i in range(8)]
     assert gpus["0"] == "  0 H100 80GB  87% [#####===] 48.0/79.6G  61C  ada/web:run ada/web-sb:shadow"
     assert gpus["3"].split()[3:7] == ["35%", "[###===--]", "30.0/60.0G", "50C"]
+    # a foreign process uses what cgd did not hand out: more in use than claimed
+    assert gpus["7"].split()[3:7] == ["12%", "[####----]", "40.0/20.0G", "44C"]
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
 
 
