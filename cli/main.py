@@ -24,6 +24,7 @@ COMMANDS = {
     "delete": "deploy:delete",
     "drain": "drain:drain",
     "env": "env:env",
+    "events": "events:events",
     "get": "deploy:get",
     "install-service": "service:install_service",
     "list": "status:list_components",

@@ -17,12 +17,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from computegroups import __version__
 from computegroups.daemon import sdnotify
 from computegroups.daemon.api.deployments import deployment_routes
-from computegroups.daemon.api.listener import listen
+from computegroups.daemon.api.listener import listen, listen_metrics
 from computegroups.daemon.api.server import CgdApp
+from computegroups.daemon.core.eventlog import EPOCH_FILE, EventLog, next_epoch
 from computegroups.daemon.core.health import HealthMonitor
 from computegroups.daemon.core.manager import Manager
+from computegroups.daemon.core.metrics import StateCollector
 from computegroups.daemon.core.recovery import recover, shutdown
 from computegroups.daemon.core.transactions import StateKeeper
 from computegroups.daemon.core.workers import INSTANCE_VAR, WorkerPaths, watcher_key
@@ -53,6 +56,8 @@ class Options:
     simulate_fallback: str | None
     keep_workers: bool
     system: bool
+    metrics_listen: str | None = None
+    """`cgd --metrics-listen`, over the configuration's `metrics_listen`."""
 
 
 class StartupError(Exception):
@@ -169,7 +174,11 @@ class Daemon:
         if problems:
             raise StartupError(f"configuration: {'; '.join(problems)}")
         try:
-            keeper = StateKeeper(machine, StateStore(opts.state_dir), opts.config)
+            events = EventLog(next_epoch(opts.state_dir), opts.config.events.keep)
+        except OSError as exc:
+            raise StartupError(f"cannot write {opts.state_dir / EPOCH_FILE}: {exc}") from None
+        try:
+            keeper = StateKeeper(machine, StateStore(opts.state_dir), opts.config, events=events)
         except StateError as exc:
             raise StartupError(str(exc)) from None
         worker_paths = WorkerPaths(opts.log_dir, self.runtime_dir, str(opts.state_dir.resolve()))
@@ -209,7 +218,17 @@ class Daemon:
         self.health.start()
         app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),
                      extra_routes=deployment_routes(Deployments(manager)))
+        keeper.instruments.registry.register(StateCollector(manager, self.health, __version__))
         self.server = listen(app, opts.socket, opts.system, opts.config.limits.connections_per_user)
+        self.metrics_server = None
+        address = opts.metrics_listen or opts.config.metrics_listen
+        if address:
+            try:
+                self.metrics_server, app.metrics_listen = listen_metrics(app, address)
+            except OSError as exc:
+                self.server.stop()
+                raise StartupError(f"metrics_listen {address}: {exc}") from None
+            log.info("serving /metrics on http://%s/metrics", app.metrics_listen)
         loop = asyncio.get_running_loop()
         self.tasks += [loop.create_task(self._watchdog()), loop.create_task(self._rotate_logs())]
         log.info(
@@ -244,6 +263,9 @@ class Daemon:
         sdnotify.notify("STOPPING=1")
         log.info("stopping: %s workers", "keeping" if self.opts.keep_workers else "stopping")
         self.server.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        self.manager.keeper.events.close()
         for task in self.tasks:
             task.cancel()
         await self.health.stop()

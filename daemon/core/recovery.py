@@ -157,6 +157,10 @@ async def recover(manager: Manager) -> RecoveryReport:
         recorded = keeper.doc.components.keys() | set(releasing)  # a release finished just now left these
         manager.state_loss = lost_generation_workers(marked, recorded)
         for lost_worker in manager.state_loss:
+            keeper.events.emit(
+                "state_fallback", f"{lost_worker['replica']} (user {lost_worker['user']}) kept running: "
+                "started by a generation of the state that was lost", replica=lost_worker["replica"],
+                pids=list(lost_worker["pids"]), owner=lost_worker["user"])
             log.error("kept %s (pids %s, user %s) running: started by a generation of the state that was lost "
                       "(a fallback to an older state?); acknowledge with `cgctl ack-state-loss` once looked at",
                       lost_worker["replica"], ", ".join(map(str, lost_worker["pids"])), lost_worker["user"])
