@@ -31,12 +31,14 @@ def test_node_groups_and_summary(cgd: Cgd) -> None:
         m = manager(cgd)
         (node,) = await m.list_compute_nodes()
         assert node.resources["gpus"] == 8 and node.compute_groups == []
-        assert node.utilization == {"memory": 0.0, "compute": 0.0}
+        assert node.utilization["memory_allocated"] == 0.0 and node.utilization["compute_allocated"] == 0.0
+        assert node.utilization["gpu_utilization"] == 0.0, "the health loop sampled the idle GPUs at start"
 
         group = await m.allocate_compute_group("train", {"gpus": 2}, {"colocate": "nvlink", "replicas": 2})
         assert group.id == "train-0" and group.component == "train" and group.allocation_state == "allocated"
         assert group.resources["gpus"] == 2 and len(group.topology["gpu_indices"]) == 2
-        assert group.utilization["compute"] == 1.0
+        assert group.utilization["compute_allocated"] == 1.0 and group.utilization["memory_allocated"] == 1.0
+        assert group.utilization["gpu_utilization"] == 0.0, "allocated is not used: nothing runs on them"
 
         owned = await m.get_component_allocations("train")
         assert [g.id for g in owned] == ["train-0", "train-1"]
