@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import os
 import pwd
 import time
@@ -126,9 +127,13 @@ class EventLog:
         if reason is not None:
             gap = {"seq": None, "time": self.clock(), "type": "gap", "uid": None, "user": None,
                    "after": seq, "next": first, "message": f"missed events: {reason}"}
-        start = seq if seq is not None else -1
-        out = [e for e in self._ring if e["seq"] > start and visible(e)] if start < self.last_seq else []
-        return out, gap
+        if seq is None or seq < first:
+            skip = 0
+        elif seq >= self.last_seq:
+            return [], gap
+        else:
+            skip = seq - first + 1  # numbers within a run have no holes: the ring is indexed by them
+        return [e for e in itertools.islice(self._ring, skip, None) if visible(e)], gap
 
     async def wait(self, seq: int, timeout: float) -> None:
         """Return once an event after `seq` is emitted, or after `timeout` seconds."""
