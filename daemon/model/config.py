@@ -142,10 +142,6 @@ class EventsConfig(_Section, frozen=True, kw_only=True):
     keep: Annotated[int, Meta(ge=100, le=1_000_000)] = 10_000
 
 
-ListenAddress = Annotated[str, Meta(pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]+$",
-                                    description='"HOST:PORT", like "127.0.0.1:9404"')]
-
-
 def split_listen(address: str) -> tuple[str, int]:
     """("127.0.0.1", 9404) from "127.0.0.1:9404"; IPv6 hosts in brackets ("[::1]:9404").
 
@@ -168,7 +164,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     limits: Limits = msgspec.field(default_factory=Limits)
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
     events: EventsConfig = msgspec.field(default_factory=EventsConfig)
-    metrics_listen: ListenAddress | None = None
+    metrics_listen: str | None = None
     """A TCP address to serve `/metrics` on for Prometheus as well (off by default: the
     Unix socket's `/metrics` needs no port)."""
 
@@ -196,9 +192,14 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
         )
 
     def _metrics_listen(self) -> str | None:
-        if self.metrics_listen is not None and not 0 <= split_listen(self.metrics_listen)[1] < 65536:
-            raise ModelError("metrics_listen", f"port out of range in {self.metrics_listen!r}")
-        return self.metrics_listen
+        address = self.metrics_listen
+        if address is None:
+            return None
+        host, port = address.rpartition(":")[0], address.rpartition(":")[2]
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536 or (":" in host and not host.startswith("[")):
+            raise ModelError("metrics_listen", f'expected "HOST:PORT" like "127.0.0.1:9404" (an IPv6 host in '
+                                               f'brackets, port 0 for any free one), got {address!r}')
+        return address
 
 
 class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):

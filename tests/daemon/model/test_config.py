@@ -99,8 +99,9 @@ def test_metrics_listen_and_events() -> None:
     assert config.metrics_listen == "127.0.0.1:9404" and config.events.keep == 500
     assert parse_config({}).metrics_listen is None and parse_config({}).events.keep == 10_000
     assert parse_config({"metrics_listen": "[::1]:0"}).metrics_listen == "[::1]:0"
-    for bad, message in (({"metrics_listen": "9404"}, "metrics_listen: must match"),
-                         ({"metrics_listen": "host:70000"}, "metrics_listen: port out of range"),
+    for bad, message in (({"metrics_listen": "9404"}, 'metrics_listen: expected "HOST:PORT"'),
+                         ({"metrics_listen": "host:70000"}, "got 'host:70000'"),
+                         ({"metrics_listen": "::1:9404"}, "an IPv6 host in brackets"),
                          ({"events": {"keep": 1}}, "events.keep: must be between 100")):
         with pytest.raises(ConfigError, match=message):
             parse_config(bad)
