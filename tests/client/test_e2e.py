@@ -96,3 +96,28 @@ def test_documented_example_runs(cgd: Cgd) -> None:
                             timeout=60, check=False, env={**cgd.env(), "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     assert "refused as expected (unsatisfiable)" in result.stdout and result.stdout.endswith("released\n")
+
+
+def test_manager_events_follow_what_happens(cgd: Cgd) -> None:
+    """The async iterator sees an allocation made while it waits, and reads on from a sequence number."""
+    async def scenario() -> None:
+        m = manager(cgd)
+        seen: list[dict] = []
+
+        async def follow() -> None:
+            async for event in m.events():
+                seen.append(event)
+                if event["type"] == "released":
+                    return
+
+        following = asyncio.ensure_future(follow())
+        await m.allocate_compute_group("ev", {"gpus": 1})
+        await m.deallocate_compute_group("ev-0")
+        await asyncio.wait_for(following, 20)
+        assert [(e["type"], e["component"]) for e in seen] == [("allocated", "ev"), ("released", "ev")]
+        assert [e async for e in m.events(since=seen[0]["seq"], follow=False)] == seen[1:]
+        with pytest.raises(CgdError, match="since: expected an integer"):
+            async for _ in AsyncCgdClient(cgd.socket).events(since="soon", follow=False):
+                pass
+
+    asyncio.run(scenario())
