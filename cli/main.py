@@ -24,6 +24,7 @@ COMMANDS = {
     "delete": "deploy:delete",
     "drain": "drain:drain",
     "env": "env:env",
+    "events": "events:events",
     "get": "deploy:get",
     "install-service": "service:install_service",
     "list": "status:list_components",
@@ -34,6 +35,7 @@ COMMANDS = {
     "run": "run:run",
     "scale": "release:scale",
     "status": "status:status",
+    "top": "status:top",
     "topo": "topo:topo",
     "wait": "wait:wait",
 }

@@ -207,7 +207,8 @@ def gpu_block(g: Doc, style: Style) -> list[str]:
         lines.append(f"  mig {m.get('profile')}  {m.get('uuid')}  {m.get('group') or 'free'}")
     if g.get("components"):
         owner = g.get("exclusive_owner")
-        who = ", ".join(f"{c} (exclusive)" if c == owner else c for c in g["components"])
+        names = [c.get("name") if isinstance(c, Mapping) else c for c in g["components"]]
+        who = ", ".join(f"{c} (exclusive)" if c == owner else str(c) for c in names)
         lines.append(f"  on it: {who}")
     for p in g.get("foreign_processes") or []:
         lines.append(f"  foreign pid {p.get('pid')} ({size(p.get('used_memory_mib'))})")

@@ -1,25 +1,72 @@
-"""`cgctl status` (the machine at a glance) and `cgctl list` (what is allocated)."""
+"""`cgctl status` and `cgctl top` (the machine at a glance), `cgctl list` (what is allocated)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 
 import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
 from computegroups.cli.render import colour_enabled, component_json, list_text, status_text, styler
+from computegroups.cli.status_view import WIDTH, Board, status_json, status_lines
+from computegroups.daemon.client.sync import CgdClient
+
+INTERVAL = click.option("--interval", "-n", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+                        metavar="SECONDS", help="How often to look again when redrawing.")
+
+
+def look(cgd: CgdClient) -> Board:
+    """One look at cgd: who is on each GPU, and the state and role each of them is in."""
+    return Board.of(cgd.status(), cgd.list_components()["components"], cgd.list_reservations()["reservations"])
 
 
 @click.command()
-def status() -> None:
-    """One block per GPU: memory and SM bars, who is on it, health and marks;
-    then the queue, what restarts and the jobs that ended."""
+@click.option("--watch", "-w", is_flag=True, help="Redraw in place until Ctrl-C or q (like `cgctl top`).")
+@INTERVAL
+@click.option("--long", "long_", is_flag=True, help="One block per GPU with bars, pids and reasons.")
+def status(watch: bool, interval: float, long_: bool) -> None:
+    """One line per GPU: utilisation, memory used (measured) against memory
+    claimed, temperature, and who is on it in which state; then a summary,
+    the alerts, the queue, what restarts and the jobs that ended."""
+    cgd = client()
+    if long_:
+        with talking():
+            doc = cgd.status()
+        if json_wanted():
+            emit_json(doc)
+        else:
+            emit_lines(status_text(doc, styler(colour_enabled())))
+        return
+    if watch and not json_wanted() and sys.stdout.isatty() and sys.stdin.isatty():
+        _watch(cgd, interval)
+        return
     with talking():
-        doc = client().status()
+        board = look(cgd)
     if json_wanted():
-        emit_json(doc)
+        emit_json(status_json(board))
     else:
-        emit_lines(status_text(doc, styler(colour_enabled())))
+        width = shutil.get_terminal_size((WIDTH, 24)).columns if sys.stdout.isatty() else WIDTH
+        emit_lines(status_lines(board, styler(colour_enabled()), width))
+
+
+@click.command()
+@INTERVAL
+@click.pass_context
+def top(ctx: click.Context, interval: float) -> None:
+    """`cgctl status --watch`: the status redrawn in place; on a box taller
+    than the terminal, one line per NVLink island (Enter opens one)."""
+    ctx.invoke(status, watch=True, interval=interval, long_=False)
+
+
+def _watch(cgd: CgdClient, interval: float) -> None:
+    from computegroups.cli.watch import watch
+
+    with talking():
+        machine = cgd.machine()
+        first = look(cgd)
+    watch(lambda: look(cgd), first, machine["nvlink_islands"], interval, machine.get("hostname") or "")
 
 
 @click.command(name="list")

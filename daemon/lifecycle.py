@@ -18,15 +18,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from computegroups import __version__
 from computegroups.daemon import sdnotify
 from computegroups.daemon.api.deployments import deployment_routes
-from computegroups.daemon.api.listener import listen
+from computegroups.daemon.api.listener import listen, listen_metrics
 from computegroups.daemon.api.server import CgdApp
+from computegroups.daemon.core.eventlog import EPOCH_FILE, EventLog, next_epoch
 from computegroups.daemon.core.health import HealthMonitor
 from computegroups.daemon.core.manager import Manager
+from computegroups.daemon.core.metrics import StateCollector
 from computegroups.daemon.core.recovery import recover, shutdown
 from computegroups.daemon.core.transactions import StateKeeper
-from computegroups.daemon.core.workers import WorkerPaths, watcher_key
+from computegroups.daemon.core.workers import INSTANCE_VAR, WorkerPaths, watcher_key
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.refs import ReplicaRef
@@ -55,6 +58,8 @@ class Options:
     simulate_fallback: str | None
     keep_workers: bool
     system: bool
+    metrics_listen: str | None = None
+    """`cgd --metrics-listen`, over the configuration's `metrics_listen`."""
 
 
 class StartupError(Exception):
@@ -100,18 +105,24 @@ class InstanceLock:
 
 
 def open_machine(opts: Options):
-    """The gateway and machine, real or simulated, with the fallback rule."""
+    """The gateway and machine, real or simulated, with the fallback rule.
+
+    A simulated machine lists this cgd's workers (those carrying its
+    CG_INSTANCE) as processes on their GPUs, when its machine or fault
+    file asks for it.
+    """
     from computegroups.topology import NvmlUnavailable, open_gateway
     from computegroups.topology.discovery import discover
 
+    mark = (INSTANCE_VAR, str(opts.state_dir.resolve()))
     try:
-        gateway = open_gateway(opts.simulate)
+        gateway = open_gateway(opts.simulate, worker_mark=mark)
     except NvmlUnavailable as exc:
         if not opts.simulate_fallback:
             raise StartupError(str(exc)) from None
         log.warning("no NVIDIA driver here (%s); running on the simulated machine %s",
                     exc.reason, opts.simulate_fallback)
-        gateway = open_gateway(opts.simulate_fallback)
+        gateway = open_gateway(opts.simulate_fallback, worker_mark=mark)
     except (ValueError, OSError) as exc:
         raise StartupError(str(exc)) from None
     return gateway, discover(gateway)
@@ -163,8 +174,12 @@ class Daemon:
             raise StartupError(f"configuration: {'; '.join(problems)}")
         store = StateStore(opts.state_dir)
         try:
+            events = EventLog(next_epoch(opts.state_dir), opts.config.events.keep)
+        except OSError as exc:
+            raise StartupError(f"cannot write {opts.state_dir / EPOCH_FILE}: {exc}") from None
+        try:
             store.hold()  # cgd is the state's only writer while it runs; see StateStore.hold
-            keeper = StateKeeper(machine, store, opts.config)
+            keeper = StateKeeper(machine, store, opts.config, events=events)
         except StateError as exc:
             store.let_go()
             raise StartupError(str(exc)) from None
@@ -217,7 +232,17 @@ class Daemon:
         self.health.start()
         app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),
                      extra_routes=deployment_routes(Deployments(manager)))
+        keeper.instruments.registry.register(StateCollector(manager, self.health, __version__))
         self.server = listen(app, opts.socket, opts.system, opts.config.limits.connections_per_user)
+        self.metrics_server = None
+        address = opts.metrics_listen or opts.config.metrics_listen
+        if address:
+            try:
+                self.metrics_server, app.metrics_listen = listen_metrics(app, address)
+            except OSError as exc:
+                self.server.stop()
+                raise StartupError(f"metrics_listen {address}: {exc}") from None
+            log.info("serving /metrics on http://%s/metrics", app.metrics_listen)
         loop = asyncio.get_running_loop()
         self.tasks += [loop.create_task(self._watchdog()), loop.create_task(self._rotate_logs())]
         log.info(
@@ -252,6 +277,9 @@ class Daemon:
         sdnotify.notify("STOPPING=1")
         log.info("stopping: %s workers", "keeping" if self.opts.keep_workers else "stopping")
         self.server.stop()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        self.manager.keeper.events.close()
         for task in self.tasks:
             task.cancel()
         await self.health.stop()

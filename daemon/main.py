@@ -19,7 +19,7 @@ from typing import ClassVar, NoReturn
 import click
 
 from computegroups.daemon import paths
-from computegroups.daemon.model.config import ConfigError, load_config
+from computegroups.daemon.model.config import ConfigError, load_config, parse_config
 
 log = logging.getLogger("cgd")
 
@@ -80,10 +80,13 @@ def setup_logging(verbose: bool) -> None:
 @click.option("--simulate", envvar="CG_SIMULATE", metavar="NAME|PATH", help="Run on a simulated machine.")
 @click.option("--simulate-fallback", metavar="NAME|PATH",
               help="Use this simulated machine only when no NVIDIA driver is found.")
+@click.option("--metrics-listen", metavar="HOST:PORT",
+              help="Also serve /metrics on this TCP address for Prometheus (e.g. 127.0.0.1:9404).")
 @click.option("--keep-workers", is_flag=True, help="On SIGTERM leave workers running for the next cgd.")
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 @click.version_option(package_name="computegroups", prog_name="cgd")
-def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, keep_workers, verbose) -> None:
+def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, metrics_listen, keep_workers,
+         verbose) -> None:
     """Run the computegroups daemon in the foreground."""
     from computegroups.daemon.api.listener import SocketInUse, refuse_live_socket
     from computegroups.daemon.lifecycle import Options, StartupError
@@ -94,6 +97,8 @@ def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, 
     system = paths.is_system_mode()
     try:
         config = load_config(config_path)
+        if metrics_listen is not None:
+            parse_config({"metrics_listen": metrics_listen}, "--metrics-listen")
     except ConfigError as exc:
         _fail(str(exc))
     sock = paths.socket_path(socket_, system)
@@ -107,6 +112,7 @@ def main(socket_, state_dir, log_dir, config_path, simulate, simulate_fallback, 
         simulate_fallback=simulate_fallback,
         keep_workers=keep_workers,
         system=system,
+        metrics_listen=metrics_listen,
     )
     try:
         # Checked before anything starts: the workers of a second state

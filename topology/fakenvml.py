@@ -13,6 +13,9 @@ lacking it would.
 Tests can make chosen calls unsupported, remove functions (an older driver),
 lose a GPU at a chosen call or fail `nvmlInit`; faults for the health loop
 come from the `CG_SIM_FAULTS` file (see `computegroups.topology.simfaults`).
+Given a `worker_mark`, the GPUs also list the marked processes that use
+them (`computegroups.topology.simworkers`) with the memory and utilization
+of the machine file's `[simulate]` or the fault file.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any, NoReturn
 from computegroups.topology import nvml
 from computegroups.topology.machinefile import load_machine_spec
 from computegroups.topology.machinespec import GpuSpec, MachineFileError, MachineSpec
-from computegroups.topology.simfaults import FaultSource
+from computegroups.topology.simfaults import Faults, FaultSource
+from computegroups.topology.simworkers import MarkedProcesses
 
 _nv = nvml.real_binding()
 _MIB = 1024 * 1024
@@ -90,6 +94,7 @@ class FakeNvml:
         lose_gpu_at: Mapping[int, str] | None = None,
         init_error: type[nvml.NVMLError] | None = None,
         faults_file: str | Path | None = None,
+        worker_mark: tuple[str, str] | None = None,
     ) -> None:
         self.spec = machine if isinstance(machine, MachineSpec) else load_machine_spec(machine)
         self.simulated_name = self.spec.name
@@ -103,6 +108,11 @@ class FakeNvml:
         self._delivered: set[tuple[int, int, int]] = set()
         self._init_count = 0
         self._check_names()
+        self._marked: MarkedProcesses | None = None
+        if worker_mark is not None:
+            uuids = {g.uuid: g.index for g in self.spec.gpus}
+            uuids.update({m.uuid: g.index for g in self.spec.gpus for m in g.mig})
+            self._marked = MarkedProcesses(worker_mark, uuids, len(self.spec.gpus))
 
     def _check_names(self) -> None:
         for gpu in self.spec.gpus:
@@ -158,6 +168,20 @@ class FakeNvml:
         if not 0 <= link < min(len(gpu.ports), _nv.NVML_NVLINK_MAX_LINKS):
             _raise(nvml.NVMLError_InvalidArgument)
         return gpu.ports[link]
+
+    def _workers(self, gpu: int, faults: Faults) -> tuple[tuple[int, int], ...]:
+        """(pid, MiB) of the marked processes on this GPU, when asked for: none by default,
+        so a simulated machine without `[simulate]` shows only the fault file's processes."""
+        if self._marked is None:
+            return ()
+        mib = faults.worker_memory_mib.get(gpu, self.spec.worker_memory_mib)
+        if mib is None and gpu not in faults.worker_utilization_pct and self.spec.worker_utilization_pct is None:
+            return ()
+        return tuple((pid, mib or 0) for pid in self._marked.by_gpu().get(gpu, ()))
+
+    def _compute_processes(self, gpu: int) -> tuple[tuple[int, int], ...]:
+        faults = self._faults.current()
+        return faults.processes.get(gpu, ()) + self._workers(gpu, faults)
 
     # -- library and system -----------------------------------------------
     def nvmlInit(self) -> None:
@@ -244,7 +268,7 @@ class FakeNvml:
             total, used = gpu.mig[handle.mig].memory_mib * _MIB, 0
         else:
             total = gpu.memory_mib * _MIB
-            used = sum(mib for _, mib in self._faults.current().processes.get(gpu.index, ())) * _MIB
+            used = sum(mib for _, mib in self._compute_processes(gpu.index)) * _MIB
             used = min(used, total)
         if version:
             return _nv.c_nvmlMemory_v2_t(version=version, total=total, reserved=0,
@@ -380,12 +404,16 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")
-        busy = self._faults.current().utilization.get(gpu.index, 0)
-        return _nv.c_nvmlUtilization_t(gpu=busy, memory=busy)
+        faults = self._faults.current()
+        busy = faults.utilization.get(gpu.index)
+        if busy is None:
+            each = faults.worker_utilization_pct.get(gpu.index, self.spec.worker_utilization_pct or 0)
+            busy = min(100, each * len(self._workers(gpu.index, faults)))
+        return _nv.c_nvmlUtilization_t(gpu=busy, memory=faults.memory_utilization.get(gpu.index, busy))
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         gpu = self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses")
-        return self._process_infos(handle, self._faults.current().processes.get(gpu.index, ()))
+        return self._process_infos(handle, self._compute_processes(gpu.index))
 
     def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
         self._enter("nvmlDeviceGetComputeRunningProcesses_v3")

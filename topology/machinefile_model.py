@@ -167,6 +167,20 @@ class NvSwitch(_Table):
                 for g, counts in per_gpu.items()}
 
 
+class Simulate(_Table):
+    """`[simulate]`: what the fake driver makes up about cgd's workers.
+
+    Unset, the simulated GPUs show only the processes of the fault file; set,
+    every running worker of the cgd using this machine is listed on the GPUs
+    its CUDA_VISIBLE_DEVICES names, with this much memory and utilization,
+    so measured values are real numbers in tests (the fault file can change
+    them per GPU while cgd runs).
+    """
+
+    worker_memory_mib: Count | None = None
+    worker_utilization_pct: Annotated[int, Meta(ge=0, le=100)] | None = None
+
+
 class MachineFile(_Table):
     gpu_count: Annotated[int, Meta(ge=0, le=MAX_GPUS, description=f"the number of GPUs, 0 (none) to {MAX_GPUS}")]
     name: Text | None = None
@@ -180,6 +194,7 @@ class MachineFile(_Table):
     pcie: Pcie = msgspec.field(default_factory=Pcie)
     nvlink: NvLink = msgspec.field(default_factory=NvLink)
     nvswitch: list[NvSwitch] = []
+    simulate: Simulate = msgspec.field(default_factory=Simulate)
 
     def expand(self, label: str, default_name: str) -> MachineSpec:
         """Every GPU spelled out; raises FileRuleBroken for a broken rule between fields."""
@@ -208,7 +223,9 @@ class MachineFile(_Table):
         )
         _check_unique_uuids(gpus)
         return MachineSpec(name, label, self.hostname or name, self.driver_version,
-                           _cuda_version(self.cuda_driver_version), gpus, pcie, tuple(switch_bus))
+                           _cuda_version(self.cuda_driver_version), gpus, pcie, tuple(switch_bus),
+                           worker_memory_mib=self.simulate.worker_memory_mib,
+                           worker_utilization_pct=self.simulate.worker_utilization_pct)
 
     def gpu_fields(self) -> list[dict[str, tuple[Any, str]]]:
         """Template, then overrides in file order; each value keeps the path it came from."""

@@ -19,20 +19,23 @@ from computegroups.topology.nvml import NvmlGateway
 SIMULATE_ENV = "CG_SIMULATE"
 
 
-def open_gateway(simulate: str | None = None) -> NvmlGateway:
+def open_gateway(simulate: str | None = None, worker_mark: tuple[str, str] | None = None) -> NvmlGateway:
     """A started gateway to the real NVML, or to the fake for a simulated machine.
 
     `simulate` is a shipped machine name or a machine file path; None falls
     back to `$CG_SIMULATE`, then the real driver. Raises MachineFileError for
     a bad name or file and NvmlUnavailable (with a hint to simulate) when
     there is no driver, here rather than at first use, so a caller can fall
-    back to a simulated machine at once.
+    back to a simulated machine at once. `worker_mark` (an environment
+    variable and its value) names the processes a simulated machine lists on
+    the GPUs their CUDA_VISIBLE_DEVICES names (see `FakeNvml`); the real
+    driver knows its processes without it.
     """
     chosen = simulate or os.environ.get(SIMULATE_ENV) or None
     if chosen is None:
         gateway = NvmlGateway()
     else:
-        gateway = simulated_gateway(FakeNvml(load_machine_spec(chosen)))
+        gateway = simulated_gateway(FakeNvml(load_machine_spec(chosen), worker_mark=worker_mark))
     gateway.start()
     return gateway
 

@@ -68,6 +68,9 @@ class MachineSpec:
     gpus: tuple[GpuSpec, ...]
     pcie: Mapping[tuple[int, int], PcieLevel]
     switch_bus_ids: tuple[str, ...]
+    worker_memory_mib: int | None = None
+    """`[simulate]`: what each running worker uses on each of its GPUs (None: workers are not listed)."""
+    worker_utilization_pct: int | None = None
 
     def pcie_level(self, a: int, b: int) -> PcieLevel:
         if a == b:

@@ -17,7 +17,8 @@ from typing import Any
 
 FAULTS_ENV = "CG_SIM_FAULTS"
 _KEYS = {"xid", "lost", "processes", "mps_processes", "temperature", "ecc_uncorrected",
-         "remapped_rows_pending", "utilization"}
+         "remapped_rows_pending", "utilization", "memory_utilization", "worker_memory_mib",
+         "worker_utilization_pct"}
 
 
 class FaultFileError(ValueError):
@@ -35,6 +36,10 @@ class Faults:
     ecc_uncorrected: Mapping[int, int] = field(default_factory=dict)
     remapped_rows_pending: frozenset[int] = frozenset()
     utilization: Mapping[int, int] = field(default_factory=dict)
+    memory_utilization: Mapping[int, int] = field(default_factory=dict)
+    worker_memory_mib: Mapping[int, int] = field(default_factory=dict)
+    """Per GPU, what each cgd worker on it uses: over the machine file's `[simulate]`."""
+    worker_utilization_pct: Mapping[int, int] = field(default_factory=dict)
 
     def xid_events(self) -> tuple[tuple[int, int, int], ...]:
         """(gpu, code, n): the n-th identical entry is a distinct event, so an
@@ -142,4 +147,7 @@ def parse_faults(data: Any, label: str) -> Faults:
         ecc_uncorrected=per_gpu("ecc_uncorrected"),
         remapped_rows_pending=gpu_list("remapped_rows_pending"),
         utilization=per_gpu("utilization"),
+        memory_utilization=per_gpu("memory_utilization"),
+        worker_memory_mib=per_gpu("worker_memory_mib"),
+        worker_utilization_pct=per_gpu("worker_utilization_pct"),
     )

@@ -47,6 +47,7 @@ class GpuSample:
     remapped_rows_pending: bool | None = None
     processes: tuple[GpuProcess, ...] = ()
     utilization_pct: int | None = None
+    utilization_memory_pct: int | None = None
 
 
 class Telemetry:
@@ -114,6 +115,7 @@ class Telemetry:
                 for p in processes
             ),
             utilization_pct=utilization.gpu if utilization is not None else None,
+            utilization_memory_pct=utilization.memory if utilization is not None else None,
         )
 
     def _processes(self, handle: Any) -> list[Any]:

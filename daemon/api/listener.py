@@ -305,3 +305,21 @@ def listen(app: CgdApp, path: Path, system: bool, max_per_uid: int = MAX_CONNECT
     )
     server.serve(sock)
     return server
+
+
+def listen_metrics(app: CgdApp, address: str) -> tuple[tornado.httpserver.HTTPServer, str]:
+    """Serve `/metrics` on TCP for Prometheus, and nothing else: no request there has an identity.
+
+    Returns the server and the address bound (port 0 asks the kernel for one).
+    Raises OSError when the address cannot be bound.
+    """
+    from computegroups.daemon.model.config import split_listen
+
+    host, port = split_listen(address)
+    sockets = tornado.netutil.bind_sockets(port, host)
+    server = tornado.httpserver.HTTPServer(app.metrics_application(), idle_connection_timeout=60,
+                                           body_timeout=10, max_body_size=MAX_BODY)
+    server.add_sockets(sockets)
+    bound_host, bound_port = sockets[0].getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    return server, f"{shown}:{bound_port}"

@@ -47,6 +47,7 @@ from computegroups.daemon.api.handlers import (
     VersionHandler,
     WaitHandler,
 )
+from computegroups.daemon.api.streams import EventsHandler, MetricsHandler, TcpMetricsHandler
 from computegroups.daemon.core.manager import Manager
 
 log = logging.getLogger("cgd.server")
@@ -62,11 +63,21 @@ class CgdApp:
         self.state_dir = state_dir
         self._machine = machine_dict
         self.extra_routes = extra_routes or []
+        self.metrics_listen: str | None = None
+        """The TCP address `/metrics` is also served on, once bound (the port chosen when 0 was asked)."""
+
+    @property
+    def registry(self):
+        """The metrics registry: the core's counters and its collector of the state."""
+        return self.manager.keeper.instruments.registry
 
     def version(self) -> dict[str, Any]:
         m = self.manager.keeper.machine
+        events = self.manager.keeper.events
         return {"version": __version__, "api": 1, "pid": os.getpid(), "state_dir": str(self.state_dir),
-                "machine": {"hostname": m.hostname, "source": m.source, "gpus": len(m.gpus)}}
+                "machine": {"hostname": m.hostname, "source": m.source, "gpus": len(m.gpus)},
+                "metrics_listen": self.metrics_listen,
+                "events": {"epoch": events.epoch, "last_seq": events.last_seq, "first_kept": events.first_kept()}}
 
     def machine_dict(self) -> dict[str, Any]:
         return self._machine
@@ -75,11 +86,15 @@ class CgdApp:
         from computegroups.daemon.core.views import components_at_a_glance, gpu_status, group_view
 
         doc = self.manager.doc
+        monitor = self.health_monitor
+        views = self.manager.components()
         return {
             "generation": doc.generation,
-            "gpus": gpu_status(self.manager.keeper.machine, doc, self.health_monitor.as_dict()),
+            "gpus": gpu_status(self.manager.keeper.machine, doc, monitor.as_dict(), monitor.measured(),
+                               monitor.used_by_replica(), self.manager.worker_pids(),
+                               {v["name"]: v["state"] for v in views}),
             "lost_groups": [group_view(doc, g) for g in doc.groups.values() if g.state == "lost"],
-            "components": components_at_a_glance(self.manager.components()),
+            "components": components_at_a_glance(views),
             "state_loss": self.manager.state_loss,
         }
 
@@ -101,6 +116,8 @@ class CgdApp:
         name = r"([^/]+)"
         routes = [
             (r"/v1/version", VersionHandler, kw),
+            (r"/metrics", MetricsHandler, kw),
+            (r"/v1/events", EventsHandler, kw),
             (r"/v1/machine", MachineHandler, kw),
             (r"/v1/status", StatusHandler, kw),
             (r"/v1/health", HealthHandler, kw),
@@ -123,3 +140,7 @@ class CgdApp:
             (r"(.*)", NotFoundHandler, kw),
         ]
         return tornado.web.Application(routes, default_handler_class=None)
+
+    def metrics_application(self) -> tornado.web.Application:
+        """The TCP listener's application: `/metrics` alone, for Prometheus."""
+        return tornado.web.Application([(r"/metrics", TcpMetricsHandler, {"app": self})])

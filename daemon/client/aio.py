@@ -10,15 +10,23 @@ exchange; nothing is left running on a thread.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
-from computegroups.daemon.client.endpoints import Endpoints
+from computegroups.daemon.client.endpoints import Endpoints, events_request
 from computegroups.daemon.client.errors import CgdUnreachable
 from computegroups.daemon.client.locate import client_socket_path
 from computegroups.daemon.client.sync import DEFAULT_TIMEOUT_S, connection_error
-from computegroups.daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
+from computegroups.daemon.client.wire import (
+    BrokenAnswer,
+    Request,
+    StreamLines,
+    decode_answer,
+    parse_answer,
+    parse_head,
+)
 
 
 class AsyncCgdClient(Endpoints[Awaitable[Any]]):
@@ -43,6 +51,45 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
         except BrokenAnswer as exc:
             raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
         return decode_answer(status, payload)
+
+    async def events(self, since: int | None = None, follow: bool = True) -> AsyncIterator[Any]:
+        """`CgdClient.events`, as an async iterator: each event as cgd streams it."""
+        request = events_request(since, follow)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(str(self.socket_path)), self.timeout)
+        except asyncio.TimeoutError:
+            raise connection_error(self.socket_path, TimeoutError(), self.timeout) from None
+        except OSError as exc:
+            raise connection_error(self.socket_path, exc, self.timeout) from None
+        try:
+            writer.write(request.encode())
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout)
+            status, headers = parse_head(head[:-4])
+            if status >= 400:  # a refusal is one JSON answer: read it whole, raise it
+                decode_answer(*parse_answer(head + await reader.read()))
+            lines = StreamLines("chunked" in headers.get("transfer-encoding", "").lower())
+            while not lines.ended:
+                data = await (reader.read(65536) if follow else asyncio.wait_for(reader.read(65536), self.timeout))
+                if not data:
+                    return
+                for line in lines.feed(data):
+                    yield json.loads(line)
+        except asyncio.TimeoutError:
+            raise connection_error(self.socket_path, TimeoutError(), self.timeout) from None
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
+        except OSError as exc:
+            raise connection_error(self.socket_path, exc, self.timeout) from None
+        except (BrokenAnswer, ValueError) as exc:
+            raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
 
     async def _exchange(self, data: bytes) -> bytes:
         reader, writer = await asyncio.open_unix_connection(str(self.socket_path))

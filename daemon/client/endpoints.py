@@ -30,6 +30,11 @@ def _with_query(path: str, **params: str | int | bool | None) -> str:
     return f"{path}?{urlencode(kept)}" if kept else path
 
 
+def events_request(since: int | None = None, follow: bool = True) -> Request:
+    """`GET /v1/events`: the one streamed route, so each client reads it its own way (`events`)."""
+    return Request("GET", _with_query("/v1/events", since=since, follow=follow))
+
+
 class Endpoints(ABC, Generic[R]):
     """The routes of docs/api.md; subclasses decide how a `Request` travels."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from computegroups.daemon.client.models import ComputeGroup, ComputeNode
@@ -123,6 +123,18 @@ class ComputeGroupManager:
     async def drain_compute_group(self, group_id: str) -> bool:
         await self.provider.drain_group(group_id)
         return True
+
+    def events(self, since: int | None = None, follow: bool = True) -> AsyncIterator[dict[str, Json]]:
+        """What happens on the machine, as it happens: `async for event in manager.events(): ...`.
+
+        Each event is a dict (`seq`, `time`, `type`, `user`, `message`, and
+        what the type names: docs/api.md, Events); you see the events of
+        your own components and of the machine (root sees all). The kept
+        events after `since` come first (all kept ones without it); with
+        `follow=False` the iterator ends there. After a reconnect, pass the
+        last `seq` you saw: a `gap` event says when some were missed.
+        """
+        return self.provider.events(since, follow)
 
     async def get_allocation_summary(self) -> dict[str, Json]:
         """Totals per machine, groups per state and what each component holds."""

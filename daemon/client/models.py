@@ -20,20 +20,44 @@ def _by_index(gpus: Iterable[Mapping[str, Json]]) -> dict[int, Mapping[str, Json
     return {g["index"]: g for g in gpus}
 
 
-def _usage(gpus: Sequence[Mapping[str, Json]]) -> dict[str, float]:
-    """Fractions of memory taken (ours and foreign) and of compute handed out.
+def _usage(gpus: Sequence[Mapping[str, Json]]) -> dict[str, float | None]:
+    """What is handed out and what NVML measured, under separate keys, as fractions (0 to 1).
 
-    This is what the daemon accounts, not a live SM counter: on a simulated
-    machine there is nothing else, and on a real one it is what decides
-    whether a new claim fits.
+    Allocated is the state's bookkeeping: an idle worker holding a whole GPU
+    has all of its memory and compute allocated while its GPU sits at 0%.
+    Measured comes from the health loop's last sample (GpuStatus `measured`)
+    and is None where no GPU was sampled yet (or no driver answers):
+
+    - `memory_allocated`, `compute_allocated`: claimed by compute groups;
+    - `memory_foreign`: used by processes cgd does not run (NVML);
+    - `memory_used`: in use by every process, as NVML measures it;
+    - `gpu_utilization`, `memory_utilization`: NVML's utilization rates
+      (time a kernel ran, time memory was read or written), averaged.
     """
     total = sum(g.get("memory_mib") or 0 for g in gpus)
-    used = sum((g.get("memory_allocated_mib") or 0) + (g.get("memory_foreign_mib") or 0) for g in gpus)
+    allocated = sum(g.get("memory_allocated_mib") or 0 for g in gpus)
+    foreign = sum(g.get("memory_foreign_mib") or 0 for g in gpus)
     compute = sum(g.get("compute_allocated_pct") or 0 for g in gpus)
+    measured = [g["measured"] for g in gpus if g.get("measured")]
+    used = [(m["memory_used_mib"], g.get("memory_mib") or 0) for g in gpus
+            if (m := g.get("measured")) and m.get("memory_used_mib") is not None]
     return {
-        "memory": round(used / total, 4) if total else 0.0,
-        "compute": round(compute / (100 * len(gpus)), 4) if gpus else 0.0,
+        "memory_allocated": _fraction(allocated, total),
+        "memory_foreign": _fraction(foreign, total),
+        "compute_allocated": _fraction(compute, 100 * len(gpus)),
+        "memory_used": _fraction(sum(u for u, _ in used), sum(t for _, t in used)) if used else None,
+        "gpu_utilization": _mean([m.get("utilization_gpu_pct") for m in measured]),
+        "memory_utilization": _mean([m.get("utilization_memory_pct") for m in measured]),
     }
+
+
+def _fraction(part: float, whole: float) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def _mean(percents: list[int | None]) -> float | None:
+    known = [p for p in percents if p is not None]
+    return round(sum(known) / len(known) / 100, 4) if known else None
 
 
 @dataclass(frozen=True)
@@ -82,8 +106,9 @@ class ComputeGroup:
         }
 
     @property
-    def utilization(self) -> dict[str, float]:
-        """Usage of the GPUs this group touches, at the time of the snapshot."""
+    def utilization(self) -> dict[str, float | None]:
+        """Allocated and measured use of the GPUs this group touches, at the time of the snapshot
+        (keys in `_usage`)."""
         return _usage([self.gpu_status[i] for i in self.gpu_indices if i in self.gpu_status])
 
     @property
@@ -130,5 +155,6 @@ class ComputeNode:
         }
 
     @property
-    def utilization(self) -> dict[str, float]:
+    def utilization(self) -> dict[str, float | None]:
+        """Allocated and measured use over all its GPUs (keys in `_usage`)."""
         return _usage(self.gpus)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from computegroups.daemon.client.aio import AsyncCgdClient
@@ -77,6 +77,12 @@ class ComputeResourceProvider(ABC):
         """The Component once it is placed (`until="placed"`) or has ended for good (`"ended"`).
 
         Raises TimeoutError after `timeout` seconds (None: no limit)."""
+
+
+    def events(self, since: int | None, follow: bool) -> AsyncIterator[dict[str, Json]]:
+        """What happens, as it happens (see docs/api.md, Events). Not abstract: a provider
+        without an event stream refuses it in words rather than failing to be built."""
+        raise NotImplementedError(f"{type(self).__name__} has no event stream")
 
 
 class LocalComputeResourceProvider(ComputeResourceProvider):
@@ -150,6 +156,9 @@ class LocalComputeResourceProvider(ComputeResourceProvider):
 
     async def list_components(self) -> list[dict[str, Json]]:
         return list((await self.cgd.list_components())["components"])
+
+    def events(self, since: int | None, follow: bool) -> AsyncIterator[dict[str, Json]]:
+        return self.cgd.events(since, follow)
 
     async def wait_component(self, component_name: str, until: str, timeout: float | None) -> dict[str, Json]:
         """Long polls of at most `POLL_S` each, so a socket timeout never cuts one and a restarted cgd is

@@ -6,17 +6,27 @@ once per command and its start-up time is what a user feels.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from computegroups.daemon.client.endpoints import Endpoints
+from computegroups.daemon.client.endpoints import Endpoints, events_request
 from computegroups.daemon.client.errors import CgdNotRunning, CgdUnreachable
 from computegroups.daemon.client.locate import client_socket_path
-from computegroups.daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
+from computegroups.daemon.client.wire import (
+    BrokenAnswer,
+    Request,
+    StreamLines,
+    decode_answer,
+    parse_answer,
+    parse_head,
+)
 
 DEFAULT_TIMEOUT_S = 60.0
+Json = Any
 
 
 class CgdClient(Endpoints[Any]):
@@ -40,6 +50,44 @@ class CgdClient(Endpoints[Any]):
         except BrokenAnswer as exc:
             raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
         return decode_answer(status, payload)
+
+    def events(self, since: int | None = None, follow: bool = True) -> Iterator[Json]:
+        """The events after `since` (all kept ones without it) the caller may see, then, with
+        `follow`, each new one as it happens: the iterator blocks for the next. Ends when
+        cgd stops (CgdUnreachable if it dies mid-stream); a `gap` event says what was missed."""
+        request = events_request(since, follow)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(self.timeout)
+                sock.connect(str(self.socket_path))
+                sock.sendall(request.encode())
+                raw = b""
+                while b"\r\n\r\n" not in raw:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        raise BrokenAnswer("the answer ended before its headers did")
+                    raw += chunk
+                head, _, rest = raw.partition(b"\r\n\r\n")
+                status, headers = parse_head(head)
+                if status >= 400:  # a refusal is one JSON answer: read it whole, raise it
+                    while chunk := sock.recv(65536):
+                        rest += chunk
+                    decode_answer(*parse_answer(head + b"\r\n\r\n" + rest))
+                lines = StreamLines("chunked" in headers.get("transfer-encoding", "").lower())
+                sock.settimeout(None if follow else self.timeout)
+                data = rest
+                while True:
+                    for line in lines.feed(data):
+                        yield json.loads(line)
+                    if lines.ended:
+                        return
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+        except OSError as exc:
+            raise connection_error(self.socket_path, exc, self.timeout) from None
+        except (BrokenAnswer, ValueError) as exc:
+            raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
 
     def _exchange(self, data: bytes) -> bytes:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:

@@ -43,22 +43,15 @@ def parse_answer(raw: bytes) -> tuple[int, bytes]:
     head, sep, rest = raw.partition(b"\r\n\r\n")
     if not sep:
         raise BrokenAnswer("the answer ended before its headers did" if raw else "no answer")
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-        raise BrokenAnswer(f"not an HTTP status line: {lines[0][:80]!r}")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
+    status, headers = parse_head(head)
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        return int(parts[1]), _dechunk(rest)
+        return status, _dechunk(rest)
     if "content-length" in headers:
         length = int(headers["content-length"])
         if len(rest) < length:
             raise BrokenAnswer(f"body cut short: {len(rest)} of {length} bytes")
-        return int(parts[1]), rest[:length]
-    return int(parts[1]), rest
+        return status, rest[:length]
+    return status, rest
 
 
 def _dechunk(data: bytes) -> bytes:
@@ -97,3 +90,58 @@ def decode_answer(status: int, payload: bytes) -> Json:
         raise CgdError(status, str(error.get("code", "unknown")), error["message"])
     text = payload.decode(errors="replace").strip().splitlines()
     raise CgdError(status, "bad_response", f"cgd answered {status}: {text[0][:200] if text else 'no body'}")
+
+
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """Status and headers (names lower-cased) of an answer's head, without its blank line."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise BrokenAnswer(f"not an HTTP status line: {lines[0][:80]!r}")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(parts[1]), headers
+
+
+class StreamLines:
+    """The lines of a streamed answer's body, as its bytes arrive (`GET /v1/events`).
+
+    Feed it what the socket gives: it undoes chunked transfer encoding when
+    the head says so, and hands back each complete line; `ended` is true
+    once the last chunk came.
+    """
+
+    def __init__(self, chunked: bool) -> None:
+        self._chunked = chunked
+        self._raw = bytearray()
+        self._body = bytearray()
+        self.ended = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if not self._chunked:
+            self._body += data
+        else:
+            self._raw += data
+            self._dechunk()
+        *lines, rest = self._body.split(b"\n")
+        self._body = bytearray(rest)
+        return [bytes(line) for line in lines if line.strip()]
+
+    def _dechunk(self) -> None:
+        while not self.ended:
+            end = self._raw.find(b"\r\n")
+            if end < 0:
+                return
+            try:
+                size = int(bytes(self._raw[:end]).split(b";", 1)[0], 16)
+            except ValueError:
+                raise BrokenAnswer("not a chunk size line") from None
+            if size == 0:
+                self.ended = True
+                return
+            if len(self._raw) < end + 2 + size + 2:
+                return
+            self._body += self._raw[end + 2:end + 2 + size]
+            del self._raw[:end + 2 + size + 2]

@@ -6,6 +6,7 @@ state keeper and supervisor, and decides under its lock.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from msgspec.structs import replace
@@ -29,7 +30,7 @@ from computegroups.daemon.core.workers import (
     watcher_key,
 )
 from computegroups.daemon.model.enums import ComponentState, Scope
-from computegroups.daemon.model.errors import BadRequest, Conflict, InsufficientCapacity, NotFound
+from computegroups.daemon.model.errors import BadRequest, Conflict, InsufficientCapacity, NotFound, Unsatisfiable
 from computegroups.daemon.model.requests import ComponentRequest, check_env
 from computegroups.daemon.supervision.asuser import start_problem
 from computegroups.daemon.supervision.processes import start_time
@@ -58,6 +59,7 @@ class Components(Jobs):
             self.check_idle(request.name)
             self.check_groups_idle(request.shadow_of or request.share_with)
             before = self.doc
+            started = time.perf_counter()
             try:
                 with self.keeper.transaction() as doc:
                     replace_finished(doc, self.keeper, request.name, caller)
@@ -68,17 +70,28 @@ class Components(Jobs):
                         doc.components[comp.name] = replace(comp, lease_start=start_time(caller.pid))
             except InsufficientCapacity as exc:
                 if not request.wait:
+                    self.refused(caller, request.name, exc)
                     raise
                 with self.keeper.transaction() as doc:
                     replace_finished(doc, self.keeper, request.name, caller)
                     enqueue(doc, self.keeper, request, caller, str(exc))
                 log.info("queued %s: %s", request.name, exc)
                 return self.component(request.name)
+            except Unsatisfiable as exc:
+                self.refused(caller, request.name, exc)
+                raise
+            await self.keeper.durable()
+            self.keeper.instruments.allocation_commit_seconds.observe(time.perf_counter() - started)
             refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
             await self.start_or_undo(refs, before, f"the workers of {request.name!r}")
             self.arm_time_limit(request.name)
             self.queue_soon()  # less is free now: the queued claims' reasons are told again
             return self.component(request.name)
+
+    def refused(self, caller: Caller, name: str, why: Exception) -> None:
+        """Tell of a claim that does not fit (now, or on this machine at all): nothing was changed."""
+        self.keeper.events.emit("refused", f"{name} refused: {why}", uid=caller.uid, component=name,
+                                reason=str(why))
 
     async def release(self, caller: Caller, name: str, stop_timeout: float | None = None) -> dict[str, Any]:
         """`stop_timeout` overrides the component's own grace before its workers are killed."""

@@ -23,10 +23,13 @@ from computegroups.daemon.model.enums import Outcome, RestartMode, Role
 from computegroups.daemon.supervision.supervisor import WorkerExit, WorkerStart
 from computegroups.statefiles.schema import StateDoc
 
+THEN = {"promote": "its shadow takes over", "restart": "restarting", "complete": "done", "fail": "failed"}
+"""What follows a worker's exit, in `worker_exited`'s `then` and its message."""
+
 
 class WorkerEvents(Jobs):
     def on_worker_exit(self, event: WorkerExit) -> None:
-        self._spawn(self._handle_exit(event))
+        self._spawn(self._handle_exit(event, time.monotonic()))
 
     def on_worker_start(self, event: WorkerStart) -> None:
         self._spawn(self._record_start(event))
@@ -43,18 +46,25 @@ class WorkerEvents(Jobs):
                     doc.workers[ref] = replace(doc.workers[ref], pid=event.pid, create_time=event.create_time)
             self.replica_states[ref] = "running"
 
-    async def _handle_exit(self, event: WorkerExit) -> None:
+    async def _handle_exit(self, event: WorkerExit, reported: float) -> None:
+        """`reported`: when supervision told of the exit (monotonic), from which a promotion is timed."""
         component, replica = parse_watcher_key(event.key)
         ref = replica_ref(component, replica)
         if event.key in self._stopping:
             return
         partner = self._failover(ref)
+        if partner is not None:
+            self.keeper.instruments.promotion_seconds.observe(time.monotonic() - reported)
         async with self.keeper.lock:
             doc = self.doc
             comp = doc.components.get(component)
             worker = doc.workers.get(ref)
             if comp is None or comp.state == "releasing" or worker is None or event.key in self._stopping:
                 return
+            then = ("promote" if partner is not None else "restart" if event.will_restart
+                    else "complete" if event.returncode == 0 and comp.spec.restart.mode != RestartMode.ALWAYS
+                    else "fail")
+            self.worker_exited(comp.owner_uid, ref, event, then)
             if partner is not None:
                 await self._promote(ref, partner)
                 return
@@ -71,6 +81,16 @@ class WorkerEvents(Jobs):
             (log.info if completed else log.warning)(
                 "worker %s (pid %s) ended with %s: %s", ref, event.pid, event.status, outcome)
             self._end_for_good([ref], outcome, event.returncode)
+
+    def worker_exited(self, uid: int, ref: str, event: WorkerExit, then: str) -> None:
+        """Tell of a worker's end that cgd did not ask for, and what follows it."""
+        code = event.returncode
+        signal_name = event.status.removeprefix("signal ") if code is not None and code < 0 else None
+        component, replica = parse_watcher_key(event.key)
+        self.keeper.events.emit(
+            "worker_exited", f"{ref} (pid {event.pid}) ended: {event.status}; {THEN[then]}", uid=uid,
+            component=component, replica=replica, pid=event.pid,
+            exit_code=code if code is not None and code >= 0 else None, signal=signal_name, then=then)
 
     def _failover(self, dead_ref: str) -> str | None:
         """Tell the dead primary's shadow it serves now, before waiting for the lock.

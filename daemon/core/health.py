@@ -92,6 +92,8 @@ class HealthMonitor:
         self.telemetry = telemetry
         self.config = config
         self.facts: dict[int, GpuFacts] = {}
+        self.samples: tuple[GpuSample, ...] = ()
+        """The latest sample only: a measurement shown as it was taken, never kept beside the state."""
         self.last_sample: float | None = None
         self._task: asyncio.Task | None = None
 
@@ -123,10 +125,67 @@ class HealthMonitor:
         roots, shares = self.manager.worker_pids_and_shares()
         on_gpus = {p.pid for s in samples for p in s.processes}
         self.facts = assess(samples, self.config, owners_of(on_gpus, roots), shares)
+        self._count(self.samples, samples)
+        self.samples = samples
         self.last_sample = self.manager.keeper.clock()
         await self.manager.apply_health(self.facts)
         await self.manager.expire()
         await self.manager.expire_jobs()
 
+    def _count(self, before: tuple[GpuSample, ...], now: tuple[GpuSample, ...]) -> None:
+        """Count each GPU's health events of this sample (`computegroups_gpu_health_events`)."""
+        machine = self.manager.keeper.machine
+        counter = self.manager.keeper.instruments.health_events
+        previous = {s.index: s for s in before}
+        for s, kind, n in health_events(previous, now, self.config.max_temperature_c):
+            try:
+                gpu = machine.gpu(s.index)
+            except KeyError:
+                continue  # NVML lists a GPU discovery did not: not one cgd manages
+            counter.labels(str(s.index), gpu.uuid, gpu.name, machine.hostname, gpu.pci_bus_id, kind).inc(n)
+
     def as_dict(self) -> dict[int, dict[str, Any]]:
         return {index: f.as_dict() for index, f in self.facts.items()}
+
+    def measured(self) -> dict[int, dict[str, Any]]:
+        """What NVML said of each GPU at the last sample (GpuStatus `measured`); empty before it."""
+        return {s.index: measured_view(s, self.last_sample) for s in self.samples}
+
+    def used_by_replica(self) -> dict[int, dict[str, int]]:
+        """MiB each replica's processes used on each GPU at the last sample, for the GPUs
+        that answered (a lost GPU's use is unknown, not zero)."""
+        return {s.index: dict(self.facts[s.index].used_by_worker) for s in self.samples
+                if not s.lost and s.index in self.facts}
+
+
+def health_events(previous: Mapping[int, GpuSample], now: tuple[GpuSample, ...],
+                  max_temperature_c: int) -> list[tuple[GpuSample, str, int]]:
+    """(sample, kind, how many) of what is new in this sample: Xids, ECC errors, a loss,
+    the temperature crossing its limit, a row remapping becoming pending."""
+    out = []
+    for s in now:
+        p = previous.get(s.index)
+        if s.xid_errors:
+            out.append((s, "xid", len(s.xid_errors)))
+        if s.lost:
+            if p is None or not p.lost:
+                out.append((s, "lost", 1))
+            continue
+        ecc = (s.ecc_uncorrected or 0) - ((p.ecc_uncorrected or 0) if p is not None else 0)
+        if ecc > 0:
+            out.append((s, "ecc", ecc))
+        hot = s.temperature_c is not None and s.temperature_c >= max_temperature_c
+        was_hot = p is not None and p.temperature_c is not None and p.temperature_c >= max_temperature_c
+        if hot and not was_hot:
+            out.append((s, "temperature", 1))
+        if s.remapped_rows_pending and not (p is not None and p.remapped_rows_pending):
+            out.append((s, "remapped_rows", 1))
+    return out
+
+
+def measured_view(s: GpuSample, sampled_at: float | None) -> dict[str, Any]:
+    return {
+        "utilization_gpu_pct": s.utilization_pct, "utilization_memory_pct": s.utilization_memory_pct,
+        "memory_used_mib": s.memory_used_mib, "temperature_c": s.temperature_c,
+        "sampled_at": sampled_at,
+    }

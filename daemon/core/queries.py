@@ -36,6 +36,10 @@ class Queries(ManagerBase):
             if c.state != "releasing" and (owner is None or c.owner_uid == owner)
         ]
 
+    def worker_pids(self) -> dict[str, list[int]]:
+        """The live pids of each replica's worker (its own, not its launch shim's)."""
+        return self._pids()
+
     def reservations(self) -> list[dict[str, Any]]:
         return [reservation_view(self.doc, r) for r in sorted(self.doc.reservations.values(), key=lambda r: r.name)]
 

@@ -157,6 +157,10 @@ async def recover(manager: Manager) -> RecoveryReport:
         recorded = keeper.doc.components.keys() | set(releasing)  # a release finished just now left these
         manager.lost_workers = lost_generation_workers(marked, recorded, machine)
         for lost_worker in manager.lost_workers:
+            keeper.events.emit(
+                "state_fallback", f"{lost_worker.replica} (user {lost_worker.user}) kept running: "
+                "started by a generation of the state that was lost", replica=lost_worker.replica,
+                pids=[pid for pid, _ in lost_worker.processes], owner=lost_worker.user)
             log.error("kept %s (pids %s, user %s, GPUs %s) running: started by a generation of the state that "
                       "was lost (a fallback to an older state?); its GPUs are held until it ends; acknowledge "
                       "with `cgctl ack-state-loss` once looked at", lost_worker.replica,

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 import msgspec
 from msgspec.structs import replace
 
+from computegroups.daemon.core.changes import state_changes, touched
 from computegroups.daemon.core.consistency import check_consistent
+from computegroups.daemon.core.eventlog import EventLog
+from computegroups.daemon.core.instruments import Instruments
 from computegroups.daemon.core.views import capacity_refusal, user_name
 from computegroups.daemon.core.workers import replica_groups, replica_ref
 from computegroups.daemon.model.claims import Claim
@@ -101,7 +104,8 @@ class StateKeeper:
     """
 
     def __init__(self, machine: Machine, store: StateStore, config: DaemonConfig,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, events: EventLog | None = None,
+                 instruments: Instruments | None = None) -> None:
         self.machine = machine
         self.store = store
         self.config = config
@@ -113,6 +117,11 @@ class StateKeeper:
         self.lost_gpus: set[int] = set()
         """GPUs that workers of a lost generation of the state still run on (see lost.py)."""
         self.foreign: dict[int, int] = {}
+        self.events = events if events is not None else EventLog()
+        """Where the events of every commit go (see changes.py); the manager adds its own."""
+        self.instruments = instruments if instruments is not None else Instruments()
+        self.events.subscribe(self.instruments.count)
+        self._gpu_index = {g.uuid: g.index for g in machine.gpus}
         self.path_owner: Callable[[StateDoc, str], str | None] = lambda doc, name: None
         """The deployment whose plan names `name` (a set, scaling group or component path), if any.
 
@@ -251,13 +260,18 @@ class StateKeeper:
             syncing = self._syncing
             if syncing is None or syncing.done():  # a done one did not cover `target`: its callback may not have run
                 syncing = self._syncing = asyncio.ensure_future(
-                    asyncio.to_thread(self.store.sync, self.doc.generation))
+                    asyncio.to_thread(self._timed_sync, self.doc.generation))
                 syncing.add_done_callback(self._synced)
             try:
                 await asyncio.shield(syncing)
             except StateError as exc:
                 log.critical("%s", exc)
                 raise StateUnwritable(str(exc)) from exc
+
+    def _timed_sync(self, generation: int) -> None:
+        started = time.perf_counter()
+        self.store.sync(generation)
+        self.instruments.state_sync_seconds.observe(time.perf_counter() - started)
 
     def _synced(self, done: asyncio.Future[None]) -> None:
         if self._syncing is done:
@@ -288,6 +302,7 @@ class StateKeeper:
 
     @contextmanager
     def _open(self) -> Iterator[Transaction]:
+        before = self.doc
         try:
             with (txn := self.store.transaction(sync=False)) as doc:
                 if doc.generation != self._followed:
@@ -295,11 +310,15 @@ class StateKeeper:
                 self._txn_groups, self._txn_generation, self._placed = doc.groups, doc.generation, set()
                 yield txn
                 self._follow(txn.doc)
+                changed = txn.doc
+                started = time.perf_counter()
+            self.instruments.state_commit_seconds.observe(time.perf_counter() - started)
             self._txn_groups = None
             assert txn.committed is not None
             self.doc = txn.committed
             self._followed = self.doc.generation
             if txn.written:
+                self._tell(before, changed)
                 self._flush_soon()
                 if self._freed:
                     self._freed = False
@@ -321,6 +340,15 @@ class StateKeeper:
             self._roll_back()
             raise
 
+    def _tell(self, before: StateDoc, changed: StateDoc) -> None:
+        """The events of the commit just made (`changed`: the transaction's document, whose
+        maps remember the keys it touched)."""
+        after = self.doc
+        for c in state_changes(before, after, touched(before.components, changed.components),
+                               touched(before.workers, changed.workers), touched(before.groups, changed.groups),
+                               self._gpu_index):
+            self.events.emit(c.type, c.message, uid=c.uid, **c.what)
+
     def restore(self, earlier: StateDoc) -> None:
         """Commit `earlier`'s content again, under a new generation."""
         with self._open() as txn:
@@ -336,6 +364,7 @@ class StateKeeper:
         """
         self._follow(doc)
         self._placed.update(group_ids)
+        started = time.perf_counter()
         try:
             return self.allocator.allocate(claim, group_ids, owner, reserved=reserved)
         except NeverFits as exc:
@@ -344,6 +373,8 @@ class StateKeeper:
             raise InsufficientCapacity(capacity_refusal(doc, exc)) from None
         except ValueError as exc:
             raise Conflict(str(exc)) from None
+        finally:
+            self.instruments.decision_seconds.observe(time.perf_counter() - started)
 
 
 def device_share(d: DeviceRecord):

@@ -62,6 +62,7 @@ class Upkeep(ManagerBase):
         async with self.keeper.lock:
             if self.lost_workers:
                 self.hold_lost_gpus()
+            self._tell_health(self.keeper.unhealthy, failed, facts)
             self.keeper.unhealthy = failed
             self.keeper.allocator.set_unavailable(self.keeper.unavailable_gpus(self.doc))
             uuids = {self.keeper.machine.gpu(i).uuid for i in failed}
@@ -93,6 +94,16 @@ class Upkeep(ManagerBase):
                         finally:
                             self._stopping.discard(key)
                         self.replica_states[over["replica"]] = "stopped-over-share"
+
+    def _tell_health(self, was: set[int], now: set[int], facts) -> None:
+        """A GPU that turned unhealthy, or healthy again, is an event for everyone on the machine."""
+        for i in sorted(now - was):
+            gpu = self.keeper.machine.gpu(i)
+            self.keeper.events.emit("health_fault", f"GPU {i} {facts[i].health}: {'; '.join(facts[i].reasons)}",
+                                    gpu=i, gpu_uuid=gpu.uuid, health=facts[i].health, reasons=list(facts[i].reasons))
+        for i in sorted(was - now):
+            self.keeper.events.emit("health_ok", f"GPU {i} is healthy again", gpu=i,
+                                    gpu_uuid=self.keeper.machine.gpu(i).uuid)
 
     async def expire(self) -> None:
         """Release reservations past their time and leases whose client died.

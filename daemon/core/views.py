@@ -6,7 +6,7 @@ change only when this file does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from computegroups.daemon.core.queue import queue_order
@@ -229,8 +229,17 @@ def reservation_view(doc: StateDoc, r: ReservationRecord) -> dict[str, Any]:
 
 def gpu_status(
     machine: Machine, doc: StateDoc, health: dict[int, dict[str, Any]],
+    measured: Mapping[int, dict[str, Any]] | None = None,
+    used_by_replica: Mapping[int, Mapping[str, int]] | None = None,
+    pids: Mapping[str, list[int]] | None = None,
+    states: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
+    """Each GPU: what is allocated on it (from the state) beside what NVML measured (the
+    health loop's last sample: `measured`, and per replica `used_by_replica`)."""
     drained = set(doc.drained)
+    measured = measured or {}
+    used_by_replica = used_by_replica or {}
+    live = {ref for ref, p in (pids or {}).items() if p}
     out = []
     for gpu in machine.gpus:
         groups = [g for g in doc.groups.values() if any(d.gpu_index == gpu.index for d in g.devices)]
@@ -240,8 +249,9 @@ def gpu_status(
             (g.owner for g in groups for d in g.devices
              if d.gpu_index == gpu.index and d.whole and d.mig_uuid is None), None,
         )
-        components = sorted({component_of(u) for g in groups for u in g.users} |
-                            {g.owner for g in groups if g.state == "reserved"})
+        names = sorted({component_of(u) for g in groups for u in g.users})
+        reserved = sorted({g.owner for g in groups if g.state == "reserved"} - set(names))
+        usage = used_by_replica.get(gpu.index)
         facts = health.get(gpu.index, {})
         out.append({
             "index": gpu.index, "uuid": gpu.uuid, "name": gpu.name,
@@ -250,7 +260,8 @@ def gpu_status(
             "memory_foreign_mib": sum(p["used_memory_mib"] or 0 for p in facts.get("foreign", [])),
             "compute_allocated_pct": min(sm, 100) if not gpu.mig_enabled else None,
             "exclusive_owner": exclusive,
-            "components": components,
+            "components": [gpu_component(doc, name, usage, live, states or {}) for name in names]
+                          + [gpu_reservation(doc, name) for name in reserved],
             "groups": sorted(g.id for g in groups),
             "health": facts.get("health", "ok"),
             "reasons": facts.get("reasons", []),
@@ -264,5 +275,34 @@ def gpu_status(
                 for m in gpu.mig_devices
             ],
             "temperature_c": facts.get("temperature_c"),
+            "measured": measured.get(gpu.index),
         })
     return out
+
+
+def gpu_component(
+    doc: StateDoc, name: str, usage: Mapping[str, int] | None, live: set[str], states: Mapping[str, str],
+) -> dict[str, Any]:
+    """One component on a GPU: who, in what state, and the memory its workers use there.
+
+    `memory_used_mib` is null when unknown: no sample of this GPU yet (or it
+    is lost), or none of the component's workers runs; 0 when they run and
+    NVML lists none of their processes on it.
+    """
+    comp = doc.components.get(name)
+    mine = [ref for ref in live if component_of(ref) == name]
+    used = None if usage is None or not mine else sum(usage.get(ref, 0) for ref in mine)
+    return {
+        "name": name,
+        "user": user_name(comp.owner_uid) if comp is not None else None,
+        "state": states.get(name, str(comp.state) if comp is not None else "unknown"),
+        "reservation": False,
+        "shadow_of": comp.shadow_of if comp is not None else None,
+        "memory_used_mib": used,
+    }
+
+
+def gpu_reservation(doc: StateDoc, name: str) -> dict[str, Any]:
+    r = doc.reservations.get(name)
+    return {"name": name, "user": user_name(r.owner_uid) if r is not None else None,
+            "state": "reserved", "reservation": True, "shadow_of": None, "memory_used_mib": None}

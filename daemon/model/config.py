@@ -136,8 +136,25 @@ class Limits(_Section, frozen=True, kw_only=True):
     connections_per_user: PositiveInt = 64
 
 
+class EventsConfig(_Section, frozen=True, kw_only=True):
+    """The `[events]` table: how many recent events cgd keeps for `GET /v1/events` (a ring)."""
+
+    keep: Annotated[int, Meta(ge=100, le=1_000_000)] = 10_000
+
+
+def split_listen(address: str) -> tuple[str, int]:
+    """("127.0.0.1", 9404) from "127.0.0.1:9404"; IPv6 hosts in brackets ("[::1]:9404").
+
+    >>> split_listen("[::1]:9404")
+    ('::1', 9404)
+    """
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 class ConfigFile(_Section, frozen=True, kw_only=True):
     """The whole file; every section and key is optional."""
+
 
     placement: Placement = msgspec.field(default_factory=Placement)
     pools: dict[str, Pool] = {}
@@ -146,6 +163,10 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     workers: Workers = msgspec.field(default_factory=Workers)
     limits: Limits = msgspec.field(default_factory=Limits)
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
+    events: EventsConfig = msgspec.field(default_factory=EventsConfig)
+    metrics_listen: str | None = None
+    """A TCP address to serve `/metrics` on for Prometheus as well (off by default: the
+    Unix socket's `/metrics` needs no port)."""
 
     def daemon_config(self) -> DaemonConfig:
         """What cgd reads; raises ModelError for a value that only reads as text."""
@@ -166,7 +187,19 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
             worker_tracking=self.workers.tracking,
             limits=self.limits,
             jobs=self.jobs,
+            events=self.events,
+            metrics_listen=self._metrics_listen(),
         )
+
+    def _metrics_listen(self) -> str | None:
+        address = self.metrics_listen
+        if address is None:
+            return None
+        host, port = address.rpartition(":")[0], address.rpartition(":")[2]
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536 or (":" in host and not host.startswith("[")):
+            raise ModelError("metrics_listen", f'expected "HOST:PORT" like "127.0.0.1:9404" (an IPv6 host in '
+                                               f'brackets, port 0 for any free one), got {address!r}')
+        return address
 
 
 class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,6 +216,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
     worker_tracking: WorkerTracking = WorkerTracking.AUTO
     limits: Limits = msgspec.field(default_factory=Limits)
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
+    events: EventsConfig = msgspec.field(default_factory=EventsConfig)
+    metrics_listen: str | None = None
 
 
 def load_config(path: str | Path | None) -> DaemonConfig:

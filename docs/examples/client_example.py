@@ -33,7 +33,9 @@ async def main(socket_path: str | None) -> None:
     print(f"{share.id}: {share.resources['devices']}")
 
     for g in await manager.get_component_allocations("example-train"):
-        print(f"  {g.id} on {g.topology['gpu_indices']}, memory in use {g.utilization['memory']:.0%}")
+        use = g.utilization  # what is handed out, and what NVML measured (None before a sample)
+        busy = "not sampled yet" if use["gpu_utilization"] is None else f"{use['gpu_utilization']:.0%} busy"
+        print(f"  {g.id} on {g.topology['gpu_indices']}: memory {use['memory_allocated']:.0%} allocated, {busy}")
 
     summary = await manager.get_allocation_summary()
     print(f"allocated {summary['memory_allocated_mib'] // 1024} of {summary['memory_mib'] // 1024} GiB")

@@ -49,3 +49,74 @@ def status() -> dict[str, Any]:
         gpu(2, drained=True),
         gpu(3, health="failed", degraded=True, reasons=["Xid 79: fell off the bus"]),
     ]}
+
+
+def measured(util: int | None = 87, used: int | None = 49152, temp: int | None = 61) -> dict[str, Any]:
+    """A GpuStatus `measured` block as cgd's NVML sampler fills it."""
+    return {"utilization_gpu_pct": util, "utilization_memory_pct": 40 if util is not None else None,
+            "memory_used_mib": used, "temperature_c": temp, "sampled_at": 1763740100.0}
+
+
+def replica(index: int, gpu: int, state: str = "running", role: str = "primary") -> dict[str, Any]:
+    return {"index": index, "group": None, "groups": [], "role": role, "state": state, "restarts": 0,
+            "devices": [device(gpu)], "cuda_visible_devices": str(gpu), "pids": []}
+
+
+def owned(name: str, state: str, replicas: list[dict[str, Any]], user: str = "ada",
+          shadow_of: str | None = None) -> dict[str, Any]:
+    """A Component document (`GET /v1/components`) with only what the status reads."""
+    return {"name": name, "owner": {"uid": 1000, "gid": 1000, "user": user}, "state": state,
+            "shadow_of": shadow_of, "replicas": replicas}
+
+
+def busy_machine() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Eight GPUs with one of everything `cgctl status` tells apart: the documents of
+    `GET /v1/status`, `/v1/components` and `/v1/reservations`, read at one moment."""
+    gpus = [
+        gpu(0, memory_mib=81559, memory_allocated_mib=81559, groups=["web-0"], exclusive_owner="web",
+            components=[{"name": "web", "memory_used_mib": 40960}, {"name": "web-sb", "memory_used_mib": 8192}],
+            measured=measured(87, 49152, 61)),
+        gpu(1, memory_mib=81559, memory_allocated_mib=81559, groups=["crash-0"], components=["crash"],
+            measured=measured(0, 0, 35)),
+        gpu(2, memory_mib=81559, memory_allocated_mib=81559, groups=["later-0"], components=["later"],
+            measured=None),
+        gpu(3, memory_mib=81559, memory_allocated_mib=61440, groups=["s-a-0", "s-b-0", "s-c-0"],
+            components=["small-a", "small-b", "small-c"], measured=measured(35, 30720, 50)),
+        gpu(4, memory_mib=81559, memory_allocated_mib=81559, groups=["job-0", "job-1"], components=["job"],
+            measured=measured(None, None, None)),
+        gpu(5, memory_mib=81559, drained=True, measured=measured(0, 0, 33)),
+        gpu(6, memory_mib=81559, health="failed", degraded=True, reasons=["Xid 79: fell off the bus"]),
+        gpu(7, memory_mib=81559, memory_allocated_mib=20480, memory_foreign_mib=20480, groups=["ghost-0"],
+            components=["ghost"], foreign_processes=[{"pid": 777, "used_memory_mib": 20480}],
+            measured=measured(12, 41000, 44)),
+    ]
+    components = [
+        owned("web", "running", [replica(0, 0)]),
+        owned("web-sb", "running", [replica(0, 0, role="shadow")], shadow_of="web"),
+        owned("crash", "restarting", [replica(0, 1, "restarting")], user="bob"),
+        *(owned(f"small-{x}", "running", [replica(0, 3)]) for x in "abc"),
+        owned("job", "running", [replica(0, 4, "completed"), replica(1, 4, "failed")], user="carol"),
+        owned("big", "pending", [{**replica(0, 0, "pending"), "devices": []}], user="carol"),
+    ]
+    reservations = [{"name": "later", "owner": {"uid": 1001, "gid": 1001, "user": "bob"}, "expires_at": None,
+                     "priority": 0, "groups": [{"id": "later-0", "devices": [device(2)]}]}]
+    doc = {"generation": 9, "gpus": gpus, "lost_groups": [], "state_loss": [], "components": [
+        {"name": "big", "state": "pending", "user": "carol", "queue": {"position": 1, "reason": "needs 8 GPUs"},
+         "exit_code": None, "ended_at": None, "duration_s": None, "restarts": 0},
+        {"name": "crash", "state": "restarting", "user": "bob", "queue": None, "exit_code": None,
+         "ended_at": None, "duration_s": None, "restarts": 3},
+    ]}
+    return doc, components, reservations
+
+
+def wide_machine(count: int = 72, island: int = 8) -> tuple[dict[str, Any], list[dict[str, Any]], list[list[int]]]:
+    """`count` GPUs in NVLink islands of `island`, a component on the first GPU of each island:
+    the status and component documents, and the islands as `GET /v1/machine` lists them."""
+    gpus = [gpu(i, components=[f"job-{i}"] if i % island == 0 else [],
+                groups=[f"job-{i}-0"] if i % island == 0 else [],
+                memory_allocated_mib=81920 if i % island == 0 else 0,
+                measured=measured(50, 40960, 50) if i % island == 0 else measured(0, 0, 35))
+            for i in range(count)]
+    components = [owned(f"job-{i}", "running", [replica(0, i)]) for i in range(0, count, island)]
+    islands = [list(range(start, min(start + island, count))) for start in range(0, count, island)]
+    return {"generation": 1, "gpus": gpus, "lost_groups": [], "state_loss": [], "components": []}, components, islands

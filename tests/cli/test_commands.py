@@ -11,9 +11,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from computegroups.cli.main import cli
+from computegroups.cli.status_view import Board, status_json
 from computegroups.daemon.client.errors import CgdError
 from tests.cli.fake_cgd import FakeCgd, install
-from tests.cli.samples import component, status
+from tests.cli.samples import busy_machine, component, status
 
 
 @pytest.fixture
@@ -161,12 +162,20 @@ def test_list_mine_asks_for_the_callers_uid(cgd: FakeCgd) -> None:
     assert cgd.sent()[0][1] == f"/v1/components?owner={os.getuid()}"
 
 
-def test_status_text_and_json(cgd: FakeCgd) -> None:
-    cgd.on("GET", "/v1/status", status())
+def test_status_text_long_and_json(cgd: FakeCgd) -> None:
+    doc, components, reservations = busy_machine()
+    cgd.on("GET", "/v1/status", doc)
+    cgd.on("GET", "/v1/components", {"components": components})
+    cgd.on("GET", "/v1/reservations", {"reservations": reservations})
     text = cgctl("status").stdout
     assert "\x1b[" not in text  # not a terminal
-    assert "GPU 2" in text and "DRAINED" in text
-    assert json.loads(cgctl("--json", "status").stdout) == status()
+    assert text.splitlines()[1].endswith("ada/web:run ada/web-sb:shadow") and "bob/later:reserved" in text
+    assert cgctl("status", "--watch").stdout == text and cgctl("top").stdout == text  # no terminal: once
+    assert json.loads(cgctl("--json", "status").stdout) == status_json(Board.of(doc, components, reservations))
+    cgd.on("GET", "/v1/status", status())
+    long = cgctl("status", "--long").stdout
+    assert "GPU 2" in long and "DRAINED" in long
+    assert json.loads(cgctl("--json", "status", "--long").stdout) == status()
 
 
 def test_env_prints_shell_lines(cgd: FakeCgd) -> None:

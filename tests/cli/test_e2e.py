@@ -174,7 +174,7 @@ def test_scale_out_and_in(cgd: Cgd) -> None:
 
 def test_status_drain_and_undrain(cgd: Cgd) -> None:
     ok(cgd, "allocate", "web", "--gpus", "1", "--gpu-ids", "0")
-    text = ok(cgd, "status")
+    text = ok(cgd, "status", "--long")
     assert text.startswith("8 GPUs: 1 in use, 0 drained")
     gpu0 = text.split("\n\n")[1]
     assert gpu0.startswith("GPU 0") and "on it: web" in gpu0 and "mem [" in gpu0 and "sm  [" in gpu0
@@ -182,7 +182,7 @@ def test_status_drain_and_undrain(cgd: Cgd) -> None:
 
     drained = ok_json(cgd, "drain", "3")
     assert drained == {"gpu": 3, "drained": True, "groups": []}
-    assert "DRAINED" in ok(cgd, "status").split("\n\n")[4]
+    assert "DRAINED" in ok(cgd, "status", "--long").split("\n\n")[4]
     assert ok_json(cgd, "status")["gpus"][3]["drained"] is True
     refused(cgd, "allocate", "pinned", "--gpus", "1", "--gpu-ids", "3")
     assert "undrained" in ok(cgd, "drain", "3", "--undrain")

@@ -138,3 +138,13 @@ def test_colour_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPa
     assert not colour_enabled(Tty())
     assert not colour_enabled(object())
     assert "\x1b[" in styler(True)("x", fg="red") and styler(False)("x", fg="red") == "x"
+
+
+def test_long_status_names_who_is_on_a_gpu_whether_cgd_lists_names_or_entries() -> None:
+    entries = [{"name": "web", "user": "ada", "state": "running", "reservation": False, "shadow_of": None,
+                "memory_used_mib": 4096},
+               {"name": "web-sb", "user": "ada", "state": "running", "reservation": False, "shadow_of": "web",
+                "memory_used_mib": None}]
+    for listed in (["web", "web-sb"], entries):
+        doc = {"gpus": [gpu(0, components=listed, exclusive_owner="web", groups=["web-0"])]}
+        assert "  on it: web (exclusive), web-sb" in status_text(doc, plain)

@@ -31,12 +31,14 @@ def test_node_groups_and_summary(cgd: Cgd) -> None:
         m = manager(cgd)
         (node,) = await m.list_compute_nodes()
         assert node.resources["gpus"] == 8 and node.compute_groups == []
-        assert node.utilization == {"memory": 0.0, "compute": 0.0}
+        assert node.utilization["memory_allocated"] == 0.0 and node.utilization["compute_allocated"] == 0.0
+        assert node.utilization["gpu_utilization"] == 0.0, "the health loop sampled the idle GPUs at start"
 
         group = await m.allocate_compute_group("train", {"gpus": 2}, {"colocate": "nvlink", "replicas": 2})
         assert group.id == "train-0" and group.component == "train" and group.allocation_state == "allocated"
         assert group.resources["gpus"] == 2 and len(group.topology["gpu_indices"]) == 2
-        assert group.utilization["compute"] == 1.0
+        assert group.utilization["compute_allocated"] == 1.0 and group.utilization["memory_allocated"] == 1.0
+        assert group.utilization["gpu_utilization"] == 0.0, "allocated is not used: nothing runs on them"
 
         owned = await m.get_component_allocations("train")
         assert [g.id for g in owned] == ["train-0", "train-1"]
@@ -94,3 +96,28 @@ def test_documented_example_runs(cgd: Cgd) -> None:
                             timeout=60, check=False, env={**cgd.env(), "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     assert "refused as expected (unsatisfiable)" in result.stdout and result.stdout.endswith("released\n")
+
+
+def test_manager_events_follow_what_happens(cgd: Cgd) -> None:
+    """The async iterator sees an allocation made while it waits, and reads on from a sequence number."""
+    async def scenario() -> None:
+        m = manager(cgd)
+        seen: list[dict] = []
+
+        async def follow() -> None:
+            async for event in m.events():
+                seen.append(event)
+                if event["type"] == "released":
+                    return
+
+        following = asyncio.ensure_future(follow())
+        await m.allocate_compute_group("ev", {"gpus": 1})
+        await m.deallocate_compute_group("ev-0")
+        await asyncio.wait_for(following, 20)
+        assert [(e["type"], e["component"]) for e in seen] == [("allocated", "ev"), ("released", "ev")]
+        assert [e async for e in m.events(since=seen[0]["seq"], follow=False)] == seen[1:]
+        with pytest.raises(CgdError, match="since: expected an integer"):
+            async for _ in AsyncCgdClient(cgd.socket).events(since="soon", follow=False):
+                pass
+
+    asyncio.run(scenario())

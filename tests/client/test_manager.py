@@ -25,10 +25,15 @@ def _group(gid: str, owner: str, devices: list[dict[str, Any]], state: str = "al
             "exclusive_domain": None, "priority": 0, "created": 1.0, "explanation": "", "reservation": None}
 
 
-def _gpu(index: int, allocated: int = 0, foreign: int = 0, pct: int = 0) -> dict[str, Any]:
+def _gpu(index: int, allocated: int = 0, foreign: int = 0, pct: int = 0,
+         measured: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    """`measured`: (GPU %, memory %, MiB used) of the health loop's last sample, or none yet."""
     return {"index": index, "uuid": f"GPU-{index}", "name": "NVIDIA H100 80GB HBM3", "memory_mib": 81920,
             "memory_allocated_mib": allocated, "memory_foreign_mib": foreign,
-            "compute_allocated_pct": pct, "drained": index == 1, "groups": [], "health": "ok"}
+            "compute_allocated_pct": pct, "drained": index == 1, "groups": [], "health": "ok",
+            "measured": None if measured is None else {
+                "utilization_gpu_pct": measured[0], "utilization_memory_pct": measured[1],
+                "memory_used_mib": measured[2], "temperature_c": 40, "sampled_at": 1.0}}
 
 
 class MemoryProvider(ComputeResourceProvider):
@@ -40,7 +45,8 @@ class MemoryProvider(ComputeResourceProvider):
             "web-1": _group("web-1", "web", [_device(1)]),
             "group.1": _group("group.1", "@1000", [_device(2, 20480, 30, False)]),
         }
-        self.gpus = [_gpu(0, 81920, 0, 100), _gpu(1, 40960, 8192, 50), _gpu(2, 20480, 0, 30), _gpu(3)]
+        self.gpus = [_gpu(0, 81920, 0, 100, measured=(0, 0, 512)), _gpu(1, 40960, 8192, 50, measured=(60, 20, 30720)),
+                     _gpu(2, 20480, 0, 30), _gpu(3)]
         self.calls: list[tuple[str, Any]] = []
 
     async def discover_resources(self) -> dict[str, Any]:
@@ -103,7 +109,20 @@ def test_group_carries_the_seeds_properties(provider: MemoryProvider) -> None:
     assert group.component == "web"
     assert group.resources["gpus"] == 1 and group.resources["memory_mib"] == 81559
     assert group.topology["gpu_indices"] == [1] and group.topology["domain"] == [0, 1]
-    assert group.utilization == {"memory": 0.6, "compute": 0.5}
+    assert group.utilization == {"memory_allocated": 0.5, "memory_foreign": 0.1, "compute_allocated": 0.5,
+                                 "memory_used": 0.375, "gpu_utilization": 0.6, "memory_utilization": 0.2}
+
+
+def test_an_idle_whole_gpu_is_all_allocated_and_not_used(provider: MemoryProvider) -> None:
+    group = asyncio.run(ComputeGroupManager(provider).get_compute_group("web-0"))
+    assert group.utilization["memory_allocated"] == 1.0 and group.utilization["compute_allocated"] == 1.0
+    assert group.utilization["gpu_utilization"] == 0.0 and group.utilization["memory_used"] == 0.0063
+
+
+def test_before_a_sample_what_is_measured_is_unknown(provider: MemoryProvider) -> None:
+    group = asyncio.run(ComputeGroupManager(provider).get_compute_group("group.1"))
+    assert group.utilization["memory_allocated"] == 0.25
+    assert [group.utilization[k] for k in ("memory_used", "gpu_utilization", "memory_utilization")] == [None] * 3
 
 
 def test_group_of_no_component(provider: MemoryProvider) -> None:
@@ -118,8 +137,10 @@ def test_node_totals_and_usage(provider: MemoryProvider) -> None:
     assert node.resources["gpus"] == 4 and node.resources["memory_mib"] == 4 * 81920
     assert node.resources["models"] == {"NVIDIA H100 80GB HBM3": 4}
     assert {g.id for g in node.compute_groups} == {"web-0", "web-1", "group.1"}
-    assert node.utilization == {"memory": round((81920 + 40960 + 8192 + 20480) / (4 * 81920), 4),
-                                "compute": 0.45}
+    assert node.utilization == {
+        "memory_allocated": round((81920 + 40960 + 20480) / (4 * 81920), 4), "memory_foreign": 0.025,
+        "compute_allocated": 0.45, "memory_used": round((512 + 30720) / (2 * 81920), 4),
+        "gpu_utilization": 0.3, "memory_utilization": 0.1}
 
 
 def test_requirements_and_placement_form_the_claim_component_keys_stay_outside(provider: MemoryProvider) -> None:

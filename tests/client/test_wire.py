@@ -7,7 +7,7 @@ import json
 import pytest
 
 from computegroups.daemon.client.errors import CgdError
-from computegroups.daemon.client.wire import BrokenAnswer, Request, decode_answer, parse_answer
+from computegroups.daemon.client.wire import BrokenAnswer, Request, StreamLines, decode_answer, parse_answer
 
 
 def test_request_with_body_sends_json_and_its_length() -> None:
@@ -78,3 +78,19 @@ def test_error_that_is_not_cgds_shape_still_is_a_cgd_error() -> None:
 def test_success_that_is_not_json_is_refused() -> None:
     with pytest.raises(CgdError, match="not JSON"):
         decode_answer(200, b"<html>")
+
+
+def test_stream_lines_come_whole_however_the_chunks_are_cut() -> None:
+    body = b'{"seq": 1}\n{"seq": 2}\n'
+    chunked = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[:7], body[7:])) + b"0\r\n\r\n"
+    lines = StreamLines(chunked=True)
+    got = [line for i in range(len(chunked)) for line in lines.feed(chunked[i:i + 1])]
+    assert got == [b'{"seq": 1}', b'{"seq": 2}'] and lines.ended
+    plain = StreamLines(chunked=False)
+    assert plain.feed(b'{"a"') == [] and plain.feed(b': 1}\n\n{"b"') == [b'{"a": 1}']
+
+
+def test_a_bad_chunk_size_is_a_broken_answer() -> None:
+    with pytest.raises(BrokenAnswer):
+        StreamLines(chunked=True).feed(b"zz\r\n")
+

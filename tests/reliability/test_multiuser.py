@@ -359,3 +359,26 @@ def test_connections_over_the_per_user_cap_are_refused_but_not_roots(limited_cgd
         for sock in roots:
             sock.close()
     assert second_user.request(limited_cgd, "GET", "/v1/version")[0] == 200
+
+
+def test_a_user_sees_their_own_events_and_the_machines_only(shared_cgd: Cgd, second_user: User) -> None:
+    cgd = shared_cgd
+    status, reply = cgd.request("POST", "/v1/components", {"name": "roots", "claim": {"gpus": 1}, "command": SLEEP})
+    assert status == 201, reply
+    status, reply = second_user.request(cgd, "POST", "/v1/components", {
+        "name": "theirs", "claim": {"memory_mib": 4096}, "command": SLEEP})
+    assert status == 201, reply
+    assert cgd.request("POST", "/v1/gpus/7/drain")[0] == 200
+
+    def events(status_and_body: tuple[int, Any]) -> list[dict[str, Any]]:
+        status, body = status_and_body
+        assert status == 200, body
+        text = body if isinstance(body, str) else json.dumps(body)
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    theirs = events(second_user.request(cgd, "GET", "/v1/events?follow=false"))
+    everything = events(cgd.request("GET", "/v1/events?follow=false"))
+    assert {e.get("component") for e in theirs} == {"theirs", None}
+    assert ("drained", None) in [(e["type"], e.get("component")) for e in theirs], "the machine's events are everyone's"
+    assert all(e["user"] == USER for e in theirs if e.get("component"))
+    assert {"roots", "theirs"} <= {e.get("component") for e in everything}, "root sees all"

@@ -44,6 +44,14 @@ def test_a_path_works_like_a_name(tmp_path: Path) -> None:
     assert len({g.pci_bus_id for g in spec.gpus}) == 4
 
 
+def test_simulate_says_what_workers_use(tmp_path: Path) -> None:
+    spec = parse_machine_file(MINIMAL + "[simulate]\nworker_memory_mib = 512\nworker_utilization_pct = 20\n",
+                              "mybox.toml")
+    assert (spec.worker_memory_mib, spec.worker_utilization_pct) == (512, 20)
+    plain = parse_machine_file(MINIMAL, "mybox.toml")
+    assert (plain.worker_memory_mib, plain.worker_utilization_pct) == (None, None)
+
+
 def test_unknown_name_lists_the_shipped_ones() -> None:
     with pytest.raises(MachineFileError) as err:
         load_machine_spec("dgx-9000")
@@ -98,6 +106,8 @@ def test_uuids_are_stable_across_loads() -> None:
         ("[gpus.1]\ncompute_capability = [9]",
          'gpus[1].compute_capability: expected "MAJOR.MINOR" like "9.0", got [9]'),
         ("[gpus.1]\nmig_capable = 1", "gpus[1].mig_capable: expected true or false, got 1"),
+        ("[simulate]\nworker_utilization_pct = 101", "simulate.worker_utilization_pct: expected an integer <= 100"),
+        ("[simulate]\nworker_memory = 1", "simulate.worker_memory: unknown field"),
     ],
 )
 def test_mistakes_name_file_and_field(extra: str, message: str) -> None:

@@ -84,3 +84,16 @@ def test_a_workers_descendants_are_its_own_and_nothing_else_is() -> None:
             except ProcessLookupError:
                 break
             time.sleep(0.05)
+
+
+def test_health_events_count_what_is_new_in_a_sample() -> None:
+    from computegroups.daemon.core.health import health_events
+
+    before = {0: sample(0, ecc_uncorrected=2), 1: sample(1), 2: sample(2, temperature_c=95), 3: sample(3)}
+    now = (sample(0, ecc_uncorrected=5, xid_errors=(79, 79)), sample(1, lost=True),
+           sample(2, temperature_c=96), sample(3, temperature_c=91, remapped_rows_pending=True))
+    found = [(s.index, kind, n) for s, kind, n in health_events(before, now, 90)]
+    assert found == [(0, "xid", 2), (0, "ecc", 3), (1, "lost", 1), (3, "temperature", 1), (3, "remapped_rows", 1)]
+    again = {s.index: s for s in now}
+    assert health_events(again, tuple(again.values()), 90) == [
+        (now[0], "xid", 2)], "a GPU still lost, still hot, still pending is not counted again (Xids are new ones)"

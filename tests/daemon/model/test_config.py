@@ -56,7 +56,9 @@ def test_share_as_a_percentage() -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"colour": {}}, "colour: unknown field (known: placement, pools, health, shares, workers, limits, jobs)"),
+        ({"colour": {}},
+         "colour: unknown field (known: placement, pools, health, shares, workers, limits, jobs, events, "
+         "metrics_listen)"),
         ({"health": {"speed": 1}}, "health.speed: unknown field (known: interval_s, max_temperature_c,"),
         ({"placement": {"default_strategy": "random"}},
          "placement.default_strategy: must be one of binpack, spread, got 'random'"),
@@ -90,3 +92,17 @@ def test_unreadable_files(tmp_path: Path) -> None:
     bad.write_text("[placement\n")
     with pytest.raises(ConfigError, match=r"bad\.toml: not valid TOML"):
         load_config(bad)
+
+
+def test_metrics_listen_and_events() -> None:
+    config = parse_config({"metrics_listen": "127.0.0.1:9404", "events": {"keep": 500}})
+    assert config.metrics_listen == "127.0.0.1:9404" and config.events.keep == 500
+    assert parse_config({}).metrics_listen is None and parse_config({}).events.keep == 10_000
+    assert parse_config({"metrics_listen": "[::1]:0"}).metrics_listen == "[::1]:0"
+    for bad, message in (({"metrics_listen": "9404"}, 'metrics_listen: expected "HOST:PORT"'),
+                         ({"metrics_listen": "host:70000"}, "got 'host:70000'"),
+                         ({"metrics_listen": "::1:9404"}, "an IPv6 host in brackets"),
+                         ({"events": {"keep": 1}}, "events.keep: must be between 100")):
+        with pytest.raises(ConfigError, match=message):
+            parse_config(bad)
+

@@ -1,0 +1,46 @@
+"""`cgctl events`: what happened on the machine, and (with --follow) what happens, as it happens."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from computegroups.cli.connect import client, json_wanted, talking
+
+WIDTH = 80
+
+
+@click.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing events as they happen, until Ctrl-C.")
+@click.option("--since", type=int, metavar="SEQ",
+              help="Only events after this sequence number (the last one you saw); default: all kept.")
+def events(follow: bool, since: int | None) -> None:
+    """Print cgd's events: allocations, queue, workers starting and ending,
+    promotions, drains, GPU faults. You see those of your own components
+    and of the machine (root sees all). With --json, one JSON object per
+    line, as cgd sends them; each has a `seq` to pass to --since after a
+    reconnect (a `gap` event says when some were missed)."""
+    cgd = client()
+    with talking():
+        try:
+            for event in cgd.events(since, follow):
+                click.echo(json.dumps(event, sort_keys=True) if json_wanted() else event_line(event))
+        except KeyboardInterrupt:
+            return
+
+
+def event_line(event: dict[str, Any], width: int = WIDTH) -> str:
+    """`12:03:51 1000000042 alice    train/0 (pid 812) ended: signal SIGKILL; ...`, cut to `width`.
+
+    The message says what happened in words; `--json` has the type and the details.
+
+    >>> event_line({"seq": 7, "time": 0, "type": "drained", "user": None, "message": "GPU 3 drained"})[8:]
+    '          7 -        GPU 3 drained'
+    """
+    when = time.strftime("%H:%M:%S", time.localtime(event.get("time") or 0))
+    seq = event.get("seq")
+    line = f"{when} {seq if seq is not None else '-':>10} {event.get('user') or '-':<8} {event.get('message', '')}"
+    return line if len(line) <= width else line[:width - 3] + "..."

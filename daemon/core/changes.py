@@ -1,0 +1,123 @@
+"""The events a commit makes: what changed between two documents, in people's words.
+
+Pure: two documents and the keys a transaction touched in, a list of
+events out. Deriving them from the commit rather than from each operation
+means every path that changes the state (a request, a deployment, the
+queue, recovery, the health loop) tells the same story, and an event is
+never told for a change that was not written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from computegroups.daemon.model.enums import ComponentState
+from computegroups.statefiles.schema import ComponentRecord, GroupRecord, StateDoc, WorkerRecord
+
+ENDED = {ComponentState.COMPLETED: "completed", ComponentState.FAILED: "failed", ComponentState.TIMEOUT: "failed"}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One event before it is numbered: its type, whose it is (uid; None: the machine's), what."""
+
+    type: str
+    message: str
+    uid: int | None
+    what: dict[str, Any] = field(default_factory=dict)
+
+
+def touched(before: Mapping[str, Any], after: Mapping[str, Any]) -> Iterable[str]:
+    """The keys a commit may have changed: those the transaction's map remembers, else all."""
+    keys = getattr(after, "touched", None)
+    return sorted(keys) if keys is not None else sorted(before.keys() | after.keys())
+
+
+def state_changes(before: StateDoc, after: StateDoc, component_keys: Iterable[str],
+                  worker_keys: Iterable[str], group_keys: Iterable[str],
+                  gpu_index: Mapping[str, int]) -> list[Change]:
+    """The events of one commit; `gpu_index` names GPUs by index for the drained ones."""
+    out: list[Change] = []
+    for name in component_keys:
+        out += _component(before.components.get(name), after.components.get(name), after)
+    for ref in worker_keys:
+        out += _worker(before.workers.get(ref), after.workers.get(ref), after)
+    for gid in group_keys:
+        out += _group(before.groups.get(gid), after.groups.get(gid))
+    for uuid in sorted(set(after.drained) - set(before.drained)):
+        gpu = gpu_index.get(uuid)
+        out.append(Change("drained", f"GPU {gpu} drained: nothing new is placed on it", None,
+                          {"gpu": gpu, "gpu_uuid": uuid}))
+    for uuid in sorted(set(before.drained) - set(after.drained)):
+        gpu = gpu_index.get(uuid)
+        out.append(Change("undrained", f"GPU {gpu} undrained", None, {"gpu": gpu, "gpu_uuid": uuid}))
+    return out
+
+
+def _gpus(doc: StateDoc, name: str) -> list[int]:
+    return sorted({d.gpu_index for g in doc.groups.values() if g.owner == name or _uses(g, name)
+                   for d in g.devices})
+
+
+def _uses(g: GroupRecord, name: str) -> bool:
+    return any(u == name or u.startswith(name + "/") for u in g.users)
+
+
+def _component(old: ComponentRecord | None, new: ComponentRecord | None, doc: StateDoc) -> list[Change]:
+    out: list[Change] = []
+    if old is not None and (new is None or new.created != old.created):
+        out.append(Change("released", f"{old.name} released", old.owner_uid, {"component": old.name}))
+        old = None
+    if new is None:
+        return out
+    what: dict[str, Any] = {"component": new.name}
+    if old is None:
+        if new.state == ComponentState.PENDING:
+            out.append(Change("queued", f"{new.name} queued: {new.pending_reason}", new.owner_uid,
+                              {**what, "reason": new.pending_reason}))
+        else:
+            gpus = _gpus(doc, new.name)
+            out.append(Change("allocated", f"{new.name} allocated on GPU {_list(gpus)}", new.owner_uid,
+                              {**what, "gpus": gpus, "replicas": new.replicas, "shadow_of": new.shadow_of,
+                               "share_with": new.spec.share_with, "deployment": new.deployment}))
+        return out
+    if old.state == ComponentState.PENDING and new.state != ComponentState.PENDING:
+        gpus = _gpus(doc, new.name)
+        out.append(Change("placed", f"{new.name} placed on GPU {_list(gpus)}", new.owner_uid, {**what, "gpus": gpus}))
+    if new.state in ENDED and old.state not in ENDED:
+        outcome = str(new.state)
+        out.append(Change(ENDED[new.state], f"{new.name} {outcome}", new.owner_uid, {**what, "outcome": outcome}))
+    return out
+
+
+def _worker(old: WorkerRecord | None, new: WorkerRecord | None, doc: StateDoc) -> list[Change]:
+    if new is None:
+        return []
+    comp = doc.components.get(new.component)
+    uid = comp.owner_uid if comp is not None else None
+    ref = f"{new.component}/{new.replica}"
+    what = {"component": new.component, "replica": new.replica}
+    out: list[Change] = []
+    if old is not None and new.restarts > old.restarts:
+        out.append(Change("restarted", f"{ref} restarts (restart {new.restarts})", uid,
+                          {**what, "restarts": new.restarts, "exit_code": new.exit_code}))
+    if old is not None and new.promotions > old.promotions:
+        out.append(Change("promoted", f"{ref} promoted to primary", uid, {**what, "promotions": new.promotions}))
+    if new.pid is not None and (old is None or old.pid != new.pid):
+        out.append(Change("worker_started", f"{ref} started as {new.role} (pid {new.pid})", uid,
+                          {**what, "pid": new.pid, "role": str(new.role)}))
+    return out
+
+
+def _group(old: GroupRecord | None, new: GroupRecord | None) -> list[Change]:
+    if new is None or new.state != "draining" or (old is not None and old.state == "draining"):
+        return []
+    gpus = sorted({d.gpu_index for d in new.devices})
+    return [Change("drained", f"group {new.id} draining: nothing new attaches to it", new.owner_uid,
+                   {"group": new.id, "gpus": gpus})]
+
+
+def _list(gpus: list[int]) -> str:
+    return ",".join(map(str, gpus)) if gpus else "-"

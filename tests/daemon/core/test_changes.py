@@ -1,0 +1,65 @@
+"""The events a commit makes, from two documents: no daemon needed."""
+
+from __future__ import annotations
+
+import copy
+
+from msgspec.structs import replace
+
+from computegroups.daemon.core.changes import state_changes, touched
+from computegroups.daemon.model.enums import ComponentState, GroupState, Role
+from computegroups.statefiles import StateDoc, WorkerRecord
+from tests.statefiles.samples import UUIDS, populated_doc
+
+INDEX = {uuid: i for i, uuid in enumerate(UUIDS)}
+
+
+def changes(before: StateDoc, after: StateDoc) -> list[tuple[str, str | None, int | None]]:
+    found = state_changes(before, after, touched(before.components, after.components),
+                          touched(before.workers, after.workers), touched(before.groups, after.groups), INDEX)
+    return [(c.type, c.what.get("component") or c.what.get("group") or c.what.get("gpu_uuid"), c.uid)
+            for c in found]
+
+
+def test_nothing_changed_nothing_told() -> None:
+    doc = populated_doc()
+    assert changes(doc, copy.deepcopy(doc)) == []
+
+
+def test_a_component_allocated_started_and_released() -> None:
+    before = populated_doc()
+    after = copy.deepcopy(before)
+    after.components["batch"] = replace(before.components["web"], name="batch", deployment=None, created=2.0)
+    after.workers["batch/0"] = WorkerRecord(component="batch", replica=0, role=Role.PRIMARY, pid=77,
+                                            create_time=3.0)
+    del after.components["standby"]
+    assert changes(before, after) == [("allocated", "batch", 1000), ("released", "standby", 1000),
+                                      ("worker_started", "batch", 1000)]
+
+
+def test_queue_placement_and_ends() -> None:
+    before = populated_doc()
+    before.components["web"] = replace(before.components["web"], state=ComponentState.PENDING)
+    placed = copy.deepcopy(before)
+    placed.components["web"] = replace(before.components["web"], state=ComponentState.RUNNING)
+    assert changes(before, placed) == [("placed", "web", 1000)]
+    ended = copy.deepcopy(placed)
+    ended.components["web"] = replace(placed.components["web"], state=ComponentState.TIMEOUT)
+    told = state_changes(placed, ended, ["web"], [], [], INDEX)
+    assert [(c.type, c.what["outcome"]) for c in told] == [("failed", "timeout")]
+    replaced = copy.deepcopy(ended)
+    replaced.components["web"] = replace(ended.components["web"], state=ComponentState.RUNNING, created=9.0)
+    assert changes(ended, replaced) == [("released", "web", 1000), ("allocated", "web", 1000)]
+
+
+def test_restarts_promotions_and_drains() -> None:
+    before = populated_doc()
+    after = copy.deepcopy(before)
+    web0, standby0 = before.workers["web/0"], before.workers["standby/0"]
+    after.workers["web/0"] = replace(web0, restarts=web0.restarts + 1, pid=None, create_time=None, exit_code=3)
+    after.workers["standby/0"] = replace(standby0, promotions=standby0.promotions + 1, role=Role.PRIMARY)
+    after.groups["web-0"] = replace(before.groups["web-0"], state=GroupState.DRAINING)
+    after.drained = (UUIDS[1],)
+    assert changes(before, after) == [
+        ("promoted", "standby", 1000), ("restarted", "web", 1000), ("drained", "web-0", 1000),
+        ("drained", UUIDS[1], None), ("undrained", UUIDS[2], None)]

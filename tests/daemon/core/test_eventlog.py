@@ -1,0 +1,72 @@
+"""The event ring: numbering across restarts, what a reconnecting client is told, who sees what."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from computegroups.daemon.core.eventlog import EPOCH_SPAN, EventLog, next_epoch, visible_to
+
+EVERYONE = visible_to(0, is_root=True)
+
+
+def test_epochs_count_up_once_per_start(tmp_path: Path) -> None:
+    assert [next_epoch(tmp_path) for _ in range(3)] == [1, 2, 3]
+    assert (tmp_path / "events.epoch").read_text() == "3\n"
+    (tmp_path / "events.epoch").write_text("garbage")
+    assert next_epoch(tmp_path) == 1
+
+
+def test_numbers_grow_within_and_across_runs() -> None:
+    first, second = EventLog(epoch=1), EventLog(epoch=2)
+    a = [first.emit("allocated", "a", uid=1)["seq"] for _ in range(3)]
+    b = second.emit("allocated", "b", uid=1)["seq"]
+    assert a == [EPOCH_SPAN + 1, EPOCH_SPAN + 2, EPOCH_SPAN + 3] and b == 2 * EPOCH_SPAN + 1
+
+
+def test_since_gives_what_followed_and_a_gap_when_some_are_gone() -> None:
+    log = EventLog(epoch=1, keep=3)
+    seqs = [log.emit("worker_started", str(i), uid=None)["seq"] for i in range(5)]
+    found, gap = log.after(seqs[2], EVERYONE)
+    assert [e["seq"] for e in found] == seqs[3:] and gap is None
+    found, gap = log.after(seqs[0], EVERYONE)
+    assert [e["seq"] for e in found] == seqs[2:], "the kept ones"
+    assert gap is not None and gap["type"] == "gap" and gap["after"] == seqs[0] and gap["next"] == seqs[2]
+    assert "no longer kept" in gap["message"]
+    found, gap = log.after(None, EVERYONE)
+    assert [e["seq"] for e in found] == seqs[2:] and gap is None
+    found, gap = log.after(seqs[-1], EVERYONE)
+    assert found == [] and gap is None
+
+
+def test_a_number_of_an_earlier_run_or_of_no_run_is_a_gap() -> None:
+    log = EventLog(epoch=2)
+    _, gap = log.after(EPOCH_SPAN + 40, EVERYONE)
+    assert gap is not None and "restarted" in gap["message"]
+    log.emit("allocated", "a", uid=None)
+    found, gap = log.after(5 * EPOCH_SPAN, EVERYONE)
+    assert gap is not None and "started again" in gap["message"] and [e["message"] for e in found] == ["a"]
+
+
+def test_users_see_their_own_and_the_machines_events() -> None:
+    log = EventLog()
+    log.emit("allocated", "mine", uid=1000)
+    log.emit("allocated", "theirs", uid=1001)
+    log.emit("drained", "machine", uid=None)
+    assert [e["message"] for e in log.after(None, visible_to(1000, is_root=False))[0]] == ["mine", "machine"]
+    assert len(log.after(None, visible_to(0, is_root=True))[0]) == 3
+
+
+def test_a_waiter_wakes_at_the_next_event_and_subscribers_see_each() -> None:
+    log = EventLog()
+    seen: list[str] = []
+    log.subscribe(lambda e: seen.append(e["type"]))
+
+    async def scenario() -> bool:
+        waiting = asyncio.ensure_future(log.wait(log.last_seq, timeout=30))
+        await asyncio.sleep(0)
+        log.emit("queued", "q", uid=None)
+        await asyncio.wait_for(waiting, 5)
+        return waiting.done()
+
+    assert asyncio.run(scenario()) and seen == ["queued"]

@@ -1,0 +1,270 @@
+"""`/metrics` and `/v1/events` of a real cgd, after a known sequence of operations.
+
+The sequence: a granted claim, a refused one, a queued one, a primary with a
+shadow whose primary is killed (a promotion). Metrics are scraped over the
+Unix socket and over TCP and parsed with prometheus_client's own parser;
+events are followed while it happens and read again from a sequence number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from computegroups.daemon.client.sync import CgdClient
+from tests.daemon_fixture import Cgd, UnixHTTPConnection, wait_for
+
+pytestmark = pytest.mark.slow
+
+# Sleeps; on SIGUSR1 (a promotion) says so and goes on.
+WORKER = [sys.executable, "-c",
+          "import signal, time\n"
+          "signal.signal(signal.SIGUSR1, lambda *_: print('promoted', flush=True))\n"
+          "print('ready', flush=True)\n"
+          "while True: time.sleep(0.05)\n"]
+
+
+def config(tmp_path: Path, extra: str = "") -> str:
+    path = tmp_path / "cgd.toml"
+    path.write_text(extra + "[health]\ninterval_s = 0.2\n")
+    return str(path)
+
+
+def scrape_unix(cgd: Cgd) -> str:
+    conn = UnixHTTPConnection(str(cgd.socket))
+    try:
+        conn.request("GET", "/metrics")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Content-Type", "").startswith("text/plain")
+        return resp.read().decode()
+    finally:
+        conn.close()
+
+
+def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every sample by name, as Prometheus would read the page."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def value(found: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    matching = [v for lab, v in found.get(name, []) if all(lab.get(k) == want for k, want in labels.items())]
+    assert len(matching) == 1, (name, labels, found.get(name))
+    return matching[0]
+
+
+def pids_of(cgd: Cgd, name: str) -> list[int]:
+    status, reply = cgd.request("GET", f"/v1/components/{name}")
+    return reply["replicas"][0]["pids"] if status == 200 else []
+
+
+def promote(cgd: Cgd) -> int:
+    """Start `web` (GPU 2) and its shadow, wait until the shadow can take over, kill `web`:
+    the shadow's pid, once it is primary."""
+    for body in ({"name": "web", "claim": {"gpus": 1, "gpu_ids": [2]}, "command": WORKER},
+                 {"name": "web-standby", "shadow_of": "web", "command": WORKER}):
+        status, reply = cgd.request("POST", "/v1/components", body)
+        assert status == 201, reply
+    primary = wait_for(lambda: pids_of(cgd, "web"), "web runs")[0]
+    shadow = wait_for(lambda: pids_of(cgd, "web-standby"), "the shadow runs")[0]
+    log = cgd.log_dir / "web-standby" / "0.out"
+    wait_for(lambda: log.exists() and "ready" in log.read_text(), "the shadow handles SIGUSR1")
+    started = cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["started_at"]
+    # cgd promotes only a shadow that has run for a second (core/base.py PROMOTION_MIN_UPTIME_S).
+    wait_for(lambda: time.time() - started >= 1.2, "the shadow is old enough to be promoted", timeout=15)
+    os.kill(primary, signal.SIGKILL)
+    wait_for(lambda: cgd.request("GET", "/v1/components/web-standby")[1]["replicas"][0]["role"] == "primary",
+             "the shadow is primary")
+    return shadow
+
+
+def test_metrics_over_the_socket_and_tcp_match_the_state(start_cgd, tmp_path: Path) -> None:
+    cgd = start_cgd("dgx-h100", "--config", config(tmp_path), "--metrics-listen", "127.0.0.1:0")
+    cgd.faults_file.write_text(json.dumps({"worker_memory_mib": {"0": 2048, "2": 1024}}))
+    status, reply = cgd.request("POST", "/v1/components", {"name": "train", "claim": {"gpus": 1, "gpu_ids": [0]},
+                                                           "command": WORKER})
+    assert status == 201, reply
+    status, reply = cgd.request("POST", "/v1/components", {"name": "half", "claim": {"memory_mib": 20480,
+                                                                                     "gpu_ids": [1]}})
+    assert status == 201, reply
+    status, reply = cgd.request("POST", "/v1/components", {"name": "huge", "claim": {"gpus": 9}})
+    assert status == 422, reply
+    promote(cgd)
+    status, reply = cgd.request("POST", "/v1/components", {"name": "later", "claim": {"gpus": 8}, "wait": True,
+                                                           "detach": True})
+    assert status == 201 and reply["state"] == "pending", reply
+    wait_for(lambda: all(c["memory_used_mib"] for g in cgd.request("GET", "/v1/status")[1]["gpus"][:3]
+                         for c in g["components"] if c["name"] in ("train", "web", "web-standby")),
+             "the workers measured")
+
+    found = samples(scrape_unix(cgd))
+    state = cgd.request("GET", "/v1/status")[1]
+    mib = 1024 * 1024
+    for g in state["gpus"]:
+        labels = {"gpu": str(g["index"]), "UUID": g["uuid"], "modelName": g["name"], "Hostname": "dgx-h100-sim"}
+        assert value(found, "computegroups_gpu_memory_total_bytes", **labels) == g["memory_mib"] * mib
+        assert value(found, "computegroups_gpu_memory_claimed_bytes", **labels) == g["memory_allocated_mib"] * mib
+        assert value(found, "computegroups_gpu_compute_claimed_ratio", **labels) == g["compute_allocated_pct"] / 100
+        assert value(found, "computegroups_gpu_memory_used_bytes", **labels) == g["measured"]["memory_used_mib"] * mib
+    gpu0 = {"gpu": "0"}
+    assert value(found, "computegroups_gpu_memory_free_bytes", **gpu0) == 0
+    assert value(found, "computegroups_gpu_memory_free_bytes", gpu="1") == (81559 - 20480) * mib
+    assert value(found, "computegroups_gpu_memory_used_bytes", **gpu0) == 2048 * mib
+    assert value(found, "computegroups_worker_gpu_memory_used_bytes", component="train", replica="0",
+                 gpu="0") == 2048 * mib
+    assert value(found, "computegroups_allocations_total", result="refused") == 1
+    assert value(found, "computegroups_allocations_total", result="queued") == 1
+    assert value(found, "computegroups_allocations_total", result="granted") == 4  # train, half, web, web-standby
+    assert value(found, "computegroups_shadow_promotions_total") == 1
+    assert value(found, "computegroups_shadow_promotion_seconds_count") == 1
+    assert value(found, "computegroups_worker_exits_total", cause="signal") == 1
+    assert value(found, "computegroups_worker_starts_total") >= 4  # and the old primary again, as a shadow
+    assert value(found, "computegroups_allocation_decision_seconds_count") >= 3
+    assert value(found, "computegroups_allocation_commit_seconds_count") == 4  # the granted ones only
+    assert value(found, "computegroups_components", state="pending") == 1
+    assert value(found, "computegroups_components", state="running") == 3
+    assert value(found, "computegroups_components", state="allocated") == 1
+    assert value(found, "computegroups_groups", state="allocated") == 3
+    journal = Path(cgd.state_dir / "state.journal").stat().st_size
+    assert value(found, "computegroups_state_file_bytes", file="journal") == journal
+    assert value(found, "computegroups_state_commit_seconds_count") >= 5
+    assert value(found, "computegroups_build_info", version="0.1.0") == 1
+
+    address = cgd.request("GET", "/v1/version")[1]["metrics_listen"]
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+        over_tcp = samples(resp.read().decode())
+    assert over_tcp["computegroups_gpu_memory_claimed_bytes"] == found["computegroups_gpu_memory_claimed_bytes"]
+    assert value(over_tcp, "computegroups_allocations_total", result="refused") == 1
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://{address}/v1/status", timeout=10)
+    refused.value.close()
+    assert refused.value.code == 404, "TCP serves /metrics and nothing else"
+
+    # A GPU fault is counted against its GPU.
+    cgd.faults_file.write_text(json.dumps({"xid": [{"gpu": 5, "code": 79}]}))
+    wait_for(lambda: "computegroups_gpu_health_events_total" in samples(scrape_unix(cgd)), "the Xid counted")
+    assert value(samples(scrape_unix(cgd)), "computegroups_gpu_health_events_total", gpu="5", kind="xid") == 1
+
+
+def test_metrics_listen_is_off_by_default_and_a_bad_address_is_refused(start_cgd, cgd: Cgd, tmp_path: Path) -> None:
+    assert cgd.request("GET", "/v1/version")[1]["metrics_listen"] is None
+    bad = Cgd(tmp_path / "bad", "dgx-h100", ("--metrics-listen", "localhost"))
+    with pytest.raises(RuntimeError, match="metrics_listen"):
+        bad.start(timeout=10)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        busy = Cgd(tmp_path / "busy", "dgx-h100", ("--metrics-listen", f"127.0.0.1:{port}"))
+        with pytest.raises(RuntimeError, match=f"metrics_listen 127.0.0.1:{port}"):
+            busy.start(timeout=20)
+        busy.cleanup()
+    finally:
+        taken.close()
+
+
+def follow(cgd: Cgd, into: list[dict[str, Any]], until: str) -> threading.Thread:
+    """Follow the events in a thread until one of type `until` arrives."""
+    def run() -> None:
+        for event in CgdClient(cgd.socket).events():
+            into.append(event)
+            if event["type"] == until:
+                return
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_events_follow_a_promotion_and_a_reconnect_misses_nothing(start_cgd, tmp_path: Path) -> None:
+    cgd = start_cgd("dgx-h100", "--config", config(tmp_path))
+    seen: list[dict[str, Any]] = []
+    follower = follow(cgd, seen, until="promoted")
+    wait_for(lambda: cgd.request("GET", "/v1/version")[1]["events"]["last_seq"] is not None, "cgd answers")
+    shadow = promote(cgd)
+    follower.join(timeout=20)
+    assert not follower.is_alive(), [e["type"] for e in seen]
+    kinds = [(e["type"], e.get("component")) for e in seen]
+    assert kinds[:4] == [("allocated", "web"), ("worker_started", "web"),
+                         ("allocated", "web-standby"), ("worker_started", "web-standby")], kinds
+    exited = next(e for e in seen if e["type"] == "worker_exited")
+    assert exited["component"] == "web" and exited["signal"] == "SIGKILL" and exited["exit_code"] is None
+    assert exited["then"] == "promote" and exited["user"]
+    assert kinds.index(("worker_exited", "web")) < kinds.index(("promoted", "web-standby"))
+    seqs = [e["seq"] for e in seen]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert pids_of(cgd, "web-standby") == [shadow]
+
+    # What happened since the last event seen is all there, and nothing before it.
+    wait_for(lambda: any(e["type"] == "worker_started" and e["component"] == "web" and e["role"] == "shadow"
+                         for e in CgdClient(cgd.socket).events(seen[-1]["seq"], follow=False)),
+             "the old primary back as the shadow")
+    later = list(CgdClient(cgd.socket).events(seen[-1]["seq"], follow=False))
+    assert later and all(e["seq"] > seen[-1]["seq"] for e in later)
+    every = list(CgdClient(cgd.socket).events(follow=False))
+    assert [e["seq"] for e in every] == seqs + [e["seq"] for e in later], "nothing kept is missed"
+
+    # A restarted cgd numbers on from where it was; a client from before is told what it missed.
+    last = every[-1]["seq"]
+    assert cgd.stop() == 0
+    cgd.start()
+    status, reply = cgd.request("POST", "/v1/components", {"name": "after", "claim": {"gpus": 1}})
+    assert status == 201, reply
+    again = list(CgdClient(cgd.socket).events(last, follow=False))
+    assert again[0]["type"] == "gap" and again[0]["after"] == last and "restarted" in again[0]["message"]
+    assert all(e["seq"] > last for e in again[1:])
+    assert ("allocated", "after") in [(e["type"], e.get("component")) for e in again]
+
+
+def test_cgctl_events(cgd: Cgd) -> None:
+    status, reply = cgd.request("POST", "/v1/components", {
+        "name": "job", "claim": {"gpus": 1}, "command": ["sh", "-c", "exit 3"], "restart": {"policy": "never"}})
+    assert status == 201, reply
+    wait_for(lambda: cgd.request("GET", "/v1/components/job")[1]["state"] == "failed", "the job failed")
+    done = cgd.cgctl("events")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert [line.split(maxsplit=3)[3] for line in lines] == [
+        "job allocated on GPU 0", f"job/0 started as primary (pid {lines[1].split()[-1][:-1]})",
+        f"job/0 (pid {lines[1].split()[-1][:-1]}) ended: status 3; failed", "job failed"]
+    as_json = [json.loads(line) for line in cgd.cgctl("events", "--json", "--since",
+                                                      str(json.loads(cgd.cgctl("--json", "events").stdout
+                                                                     .splitlines()[1])["seq"])).stdout.splitlines()]
+    assert [e["type"] for e in as_json] == ["worker_exited", "failed"]
+    assert as_json[0]["exit_code"] == 3 and as_json[0]["then"] == "fail"
+    bad = cgd.cgctl("events", "--since", "soon")
+    assert bad.returncode == 2 and "soon" in bad.stderr
+
+
+def test_every_metric_is_documented_and_the_dashboard_uses_real_ones(start_cgd, tmp_path: Path) -> None:
+    cgd = start_cgd("dgx-h100", "--config", config(tmp_path))
+    cgd.faults_file.write_text(json.dumps({"worker_memory_mib": {"0": 100}, "xid": [{"gpu": 1, "code": 79}]}))
+    status, reply = cgd.request("POST", "/v1/components", {"name": "w", "claim": {"gpus": 1, "gpu_ids": [0]},
+                                                           "command": WORKER})
+    assert status == 201, reply
+    wait_for(lambda: {"computegroups_worker_gpu_memory_used_bytes", "computegroups_gpu_health_events_total"}
+             <= set(samples(scrape_unix(cgd))), "a worker measured, an Xid counted")
+    exported = {re.sub(r"_(bucket|count|sum)$", "", name) for name in samples(scrape_unix(cgd))}
+    root = Path(__file__).resolve().parents[3]
+    documented = set(re.findall(r"^\| `(computegroups_\w+)`", (root / "docs/metrics.md").read_text(), re.M))
+    assert exported == documented
+    dashboard = (root / "contrib/grafana-dashboard.json").read_text()
+    used = {re.sub(r"_(bucket|count|sum)$", "", n) for n in re.findall(r"computegroups_\w+", dashboard)}
+    assert used - {"computegroups"} <= documented
+    assert json.loads(dashboard)["panels"]
