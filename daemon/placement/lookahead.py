@@ -12,16 +12,18 @@ next to the other quad while 0,3 leaves a 2-link one; this does.
 
 A connected block never leaves its NVLink island, so the partition is worked
 out per island, and two candidate sets are compared on the islands they
-touch. Per island the partition depends on its free GPUs alone, so it is
-kept by that set (a pure cache: what it returns does not depend on what was
-asked before), and GPUs with the same NVLinks to every other GPU are
-interchangeable (a block is tried once per arrangement of twins).
+touch. Per island the partition depends on its free GPUs alone, and GPUs
+with the same NVLinks to every other GPU are interchangeable, so its ratings
+are kept by how many GPUs of each such twin class are free (a pure cache:
+what it returns does not depend on what was asked before; an NVSwitch island
+of any size is one class), and a block is tried once per arrangement of
+twins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Hashable, Iterable
 from itertools import combinations
 
 from computegroups.daemon.placement.explain import gpu_list
@@ -29,19 +31,10 @@ from computegroups.daemon.placement.search import Problem, best_ties
 from computegroups.daemon.placement.topo import Topo
 
 CACHE_LIMIT = 200_000
-"""Islands' partitions kept; past it the cache starts again (results are the same either way)."""
+"""Partitions kept; past it the cache starts again (results are the same either way)."""
 
 Rating = tuple[int, int, int]
 """A block: (size, NVLink sum, weakest pair)."""
-
-
-@dataclass(frozen=True)
-class Partition:
-    ratings: tuple[Rating, ...]
-    blocks: tuple[tuple[int, ...], ...]
-
-
-_EMPTY = Partition((), ())
 
 
 def rate(topo: Topo, gpus: Iterable[int]) -> Rating:
@@ -53,7 +46,7 @@ def rate(topo: Topo, gpus: Iterable[int]) -> Rating:
 class Lookahead:
     def __init__(self, topo: Topo) -> None:
         self.topo = topo
-        self._cache: dict[frozenset[int], Partition] = {}
+        self._cache: dict[tuple[tuple[Hashable, int], ...], tuple[Rating, ...]] = {}
 
     def left(self, free: frozenset[int], taken: Iterable[int]) -> tuple[Rating, ...]:
         """The ratings of the best partition of `free` less `taken`, best first (comparable as tuples)."""
@@ -62,35 +55,49 @@ class Lookahead:
         for island in self.topo.islands:
             part = free & island
             if len(part) > 1:
-                out += self.island(part - gone if gone & island else part).ratings
+                out += self.ratings(part - gone if gone & island else part)
         out.sort(reverse=True)
         return tuple(out)
 
-    def island(self, free: frozenset[int]) -> Partition:
-        """The best partition of some free GPUs of one island."""
-        found = self._cache.get(free)
+    def ratings(self, free: frozenset[int]) -> tuple[Rating, ...]:
+        """The ratings of the best partition of some free GPUs of one island, best first.
+
+        Kept by how many GPUs of each NVLink twin class are free: swapping
+        twins maps one partition onto another of the same ratings.
+        """
+        key = tuple(sorted(Counter(self.topo.nv_twin[g] for g in free).items()))
+        found = self._cache.get(key)
         if found is None:
-            found = self._partition(free)
+            found = self._first(free)[0]
             if len(self._cache) >= CACHE_LIMIT:
                 self._cache.clear()
-            self._cache[free] = found
+            self._cache[key] = found
         return found
 
-    def _partition(self, free: frozenset[int]) -> Partition:
+    def blocks(self, free: frozenset[int]) -> list[tuple[int, ...]]:
+        """The blocks of the best partition of some free GPUs of one island (the lowest indices of ties)."""
+        out: list[tuple[int, ...]] = []
+        while True:
+            _, block = self._first(free)
+            if block is None:
+                return out
+            out.append(block)
+            free = free - set(block)
+
+    def _first(self, free: frozenset[int]) -> tuple[tuple[Rating, ...], tuple[int, ...] | None]:
+        """The ratings of the best partition and its first block: the best blocks of the largest size, tried."""
         for k in self.topo.lookahead_sizes:
             if k > len(free):
                 continue
-            blocks = self._best_blocks(free, k)
-            if not blocks:
-                continue
-            best = _EMPTY
-            for block in blocks:
-                rest = self.island(free - set(block)) if len(free) - k > 1 else _EMPTY
-                option = Partition((rate(self.topo, block), *rest.ratings), (block, *rest.blocks))
-                if best is _EMPTY or option.ratings > best.ratings:
-                    best = option
-            return best
-        return _EMPTY
+            best: tuple[tuple[Rating, ...], tuple[int, ...] | None] = ((), None)
+            for block in self._best_blocks(free, k):
+                rest = self.ratings(free - set(block)) if len(free) - k > 1 else ()
+                option = (rate(self.topo, block), *rest)
+                if best[1] is None or option > best[0]:
+                    best = (option, block)
+            if best[1] is not None:
+                return best
+        return (), None
 
     def _best_blocks(self, free: frozenset[int], k: int) -> list[tuple[int, ...]]:
         """The connected k-sets of `free` with the most NVLinks, then the strongest weakest pair."""
@@ -116,7 +123,7 @@ def describe(topo: Topo, look: Lookahead, free: frozenset[int], taken: Iterable[
     blocks: list[tuple[int, ...]] = []
     for island in topo.islands:
         if gone & island:
-            blocks += look.island((free & island) - gone).blocks
+            blocks += look.blocks((free & island) - gone)
     if not blocks:
         return "leaves no NVLink-connected set in its island" + ("s" if len(
             {topo.island_of[g] for g in gone}) > 1 else "")
