@@ -485,3 +485,13 @@ def test_a_plain_memory_share_takes_a_gpu_share_before_a_mig_instance() -> None:
     assert share.devices[0].mig_uuid is None and not share.devices[0].whole
     instance = one(a, Claim(mig=small.profile), "asked")
     assert instance.devices[0].mig_uuid is not None
+
+
+def test_anti_affinity_right_after_the_group_it_avoids() -> None:
+    """`allocate X` then `--anti-affinity X`: the second claim sees X's group as soon as its record has users."""
+    a = Allocator(machine("dgx1-v100"))
+    x = one(a, Claim(gpus=2), "x-0")
+    change(a, "x-0", users=frozenset({"x"}))
+    y = one(a, Claim(gpus=2, anti_affinity=(AffinityTerm("x", Level.NUMA),)), "y-0")
+    assert x.gpus == (0, 3) and y.gpus == (4, 7)
+    assert "leaves 1,2,5,6 as a 7-link quad" in y.score.explanation
