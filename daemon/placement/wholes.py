@@ -4,9 +4,11 @@ A region is where the whole set must lie: anywhere, one colocation domain, or
 one unused domain to hold exclusively. The objective (`set_key`, in the
 order of docs/placement.md) is the same in every region, so the best region
 is simply the largest key. Its additive head (displaced reservations, GPU
-models and NUMA nodes touched, NVLink sum) is searched by branch and bound;
-every set that ties on it is then ranked by the rest: the weakest pair, what
-it leaves for later, PCIe closeness, the strategy, the lowest indices.
+models and NUMA nodes touched, NVLink sum) is searched by branch and bound,
+inside the parts of the free GPUs connected over NVLink when one can hold
+the set (connected first); every set that ties on it is then ranked by the
+rest: the weakest pair, what it leaves for later, PCIe closeness, the
+strategy, the lowest indices.
 """
 
 from __future__ import annotations
