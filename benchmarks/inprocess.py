@@ -86,7 +86,7 @@ def commits(quick: bool) -> Table:
 
 
 def allocator(quick: bool = False) -> list[Table]:
-    return [decisions(quick), packing(quick)]
+    return [decisions(quick), packing(quick), alloc.lookahead_table(quick), alloc.shares_table(quick)]
 
 
 def state(quick: bool = False) -> list[Table]:

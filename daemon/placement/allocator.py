@@ -16,6 +16,7 @@ from computegroups.daemon.placement import shares, wholes
 from computegroups.daemon.placement.explain import IN_USE
 from computegroups.daemon.placement.feasible import check_ever
 from computegroups.daemon.placement.ledger import Ledger
+from computegroups.daemon.placement.lookahead import Lookahead
 from computegroups.daemon.placement.records import (
     DeviceShare,
     DoesNotFitNow,
@@ -48,6 +49,7 @@ class Allocator:
         self.config = config
         self.topo = Topo(machine)
         self.ledger = Ledger(machine)
+        self.look = Lookahead(self.topo)
         self._best_nvlinks: dict[tuple[int, tuple[int, ...]], int] = {}
 
     def allocate(self, claim: Claim, group_ids: Sequence[str], owner: str, *,
@@ -200,13 +202,11 @@ class Allocator:
                 reasons[g] = why
         found = wholes.regions(topo, rules, claim, free)
         costs = wholes.stage_costs(topo, rules, rules.strategy)
-        choice = wholes.best_set(topo, rules, costs, found, n)
+        choice = wholes.best_set(topo, rules, costs, self.look, found, n)
         if choice is None:
             raise wholes.failure(topo, rules, claim, free, reasons)
-        gone = set(choice.gpus) | (choice.region.exclusive or set())
-        left = [g for g in free if g not in gone]
-        score = wholes.set_score(topo, choice.gpus, self._best_possible(rules, n), choice.proven, left,
-                                 choice.region)
+        score = wholes.set_score(topo, self.look, choice, self._best_possible(rules, n),
+                                 wholes.spare_gpus(topo, rules), n)
         devices = tuple(DeviceShare(gpu=g, mig_uuid=None, memory_mib=topo.memory[g], compute_pct=100,
                                     whole=True) for g in choice.gpus)
         region = choice.region
@@ -234,7 +234,7 @@ class Allocator:
         if key not in self._best_nvlinks:
             topo = self.topo
             weight = [[topo.nv[a][b] if a != b else 0 for b in scope] for a in scope]
-            problem = Problem(weight, [0] * len(scope), [()] * len(scope), {}, [topo.twin[g] for g in scope])
+            problem = Problem(weight, [0] * len(scope), [()] * len(scope), {}, [topo.nv_twin[g] for g in scope])
             answer = best_subset(problem, n)
             self._best_nvlinks[key] = answer.value if answer else 0
         return self._best_nvlinks[key]

@@ -67,6 +67,22 @@ def _whole(topo: Topo, claim: Claim, gpus: list[int], groups: int, where: str) -
         if kind is claim.exclusive and sum(size >= n for size in sizes) < groups:
             raise NeverFits(f"needs {groups} {domain_name(kind, True)} of {n} GPUs, one per group; "
                             f"{where} has {sum(size >= n for size in sizes)}")
+    if claim.colocate is not None and claim.exclusive is not None:
+        _contradiction(topo, claim.exclusive, claim.colocate, n, set(gpus), groups, where)
+
+
+def _contradiction(topo: Topo, exclusive: DomainKind, colocate: DomainKind, n: int, gpus: set[int],
+                   groups: int, where: str) -> None:
+    """`exclusive` and `colocate` each fit, but no domain of one meets a domain of the other in n GPUs."""
+    meets = [max((len(x & c & gpus) for c in topo.domains[colocate]), default=0) for x in topo.domains[exclusive]]
+    if sum(m >= n for m in meets) >= groups:
+        return
+    most = max(meets, default=0)
+    raise NeverFits(
+        f"exclusive {exclusive.value} and colocate {colocate.value} contradict on {where}: "
+        f"needs {n} GPUs in one {domain_name(exclusive)} and one {domain_name(colocate)}"
+        + (f" ({groups} such {domain_name(exclusive, True)})" if groups > 1 else "")
+        + f"; the most any {domain_name(exclusive)} and {domain_name(colocate)} share is {most}")
 
 
 def _exclusively(kind: DomainKind) -> str:

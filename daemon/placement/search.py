@@ -14,13 +14,15 @@ regular. Three things keep the search short:
   choose the best r of (own cost + links to the chosen + half the r-1 best
   links it has at all).
 
-The objective is one integer per set (see `daemon/placement/topo.py`):
-pair weights, minus costs per GPU, minus a cost per domain the set touches,
-plus a lowest-indices term, so every set has a distinct value and "optimal"
-means exactly one answer. Up to `EXACT_LIMIT` candidates the search always
-runs to the end; above it a budget of branches bounds the time and the answer is
-the best found (reported as not proven). The budget counts branches, each
-worth about `m` steps, so the time it allows does not depend on the clock.
+The value is additive: pair weights, plus a value per position, minus a cost
+per domain the set touches. The search returns every set of the best value
+(one per twin class arrangement, the lowest positions of each class), so the
+keys that are not additive (the weakest pair, what a set leaves for later)
+can rank the ties afterwards. With `adjacency` only sets connected through it
+count. Up to `EXACT_LIMIT` candidates the search always runs to the end;
+above it a budget of branches bounds the time and the answer is the best
+found (reported as not proven). The budget counts branches, each worth about
+`m` steps, so the time it allows does not depend on the clock.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class Problem:
     `weight[i][j]` >= 0 is the value of having both i and j; `unary[i]` the
     value (usually a negative cost) of i; `domains[i]` the domains i lies in,
     each costing `domain_cost[d]` once if the set touches it at all; `twin[i]`
-    equal for interchangeable positions (lower position = preferred twin).
+    equal for interchangeable positions (lower position = preferred twin;
+    twins must also have the same neighbours in `adjacency`).
     """
 
     weight: Sequence[Sequence[int]]
@@ -48,6 +51,8 @@ class Problem:
     domains: Sequence[tuple[int, ...]]
     domain_cost: Mapping[int, int]
     twin: Sequence[Hashable]
+    adjacency: Sequence[frozenset[int]] | None = None
+    """Neighbours of each position: when given, only connected sets count."""
 
     @property
     def size(self) -> int:
@@ -62,6 +67,9 @@ class Problem:
         touched = {d for i in chosen for d in self.domains[i]}
         return total - sum(self.domain_cost.get(d, 0) for d in touched)
 
+    def connected(self, chosen: Sequence[int]) -> bool:
+        return self.adjacency is None or is_connected(chosen, self.adjacency)
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -70,8 +78,42 @@ class Answer:
     proven: bool
 
 
+@dataclass(frozen=True)
+class Ties:
+    """Every set of the best value, each sorted, in the order found; `proven` as in `Answer`."""
+
+    value: int
+    sets: tuple[tuple[int, ...], ...]
+    proven: bool
+
+
+_NONE = -(1 << 400)
+
+
+def is_connected(chosen: Sequence[int], adjacency: Sequence[frozenset[int]]) -> bool:
+    members = set(chosen)
+    if len(members) <= 1:
+        return True
+    start = next(iter(members))
+    seen, todo = {start}, [start]
+    while todo:
+        for j in adjacency[todo.pop()] & members:
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return len(seen) == len(members)
+
+
 def best_subset(problem: Problem, k: int, budget: int | None = None) -> Answer | None:
-    """The k positions of highest value, or None when fewer than k exist."""
+    """The k positions of highest value (the first of the ties), or None when no set qualifies."""
+    found = best_ties(problem, k, budget)
+    if found is None:
+        return None
+    return Answer(found.value, found.sets[0], found.proven)
+
+
+def best_ties(problem: Problem, k: int, budget: int | None = None) -> Ties | None:
+    """Every set of k positions of the highest value, or None when fewer than k exist (or none is connected)."""
     m = problem.size
     if k > m or k < 1:
         return None
@@ -105,15 +147,29 @@ class _Search:
         self.cross = [0] * m
         self.chosen: list[int] = []
         self.touched: dict[int, int] = {}
-        self.best_value = 0
-        self.best: tuple[int, ...] = ()
+        self.best_value = _NONE
+        self.best: list[tuple[int, ...]] = []
         self.exhausted = True
 
-    def run(self) -> Answer:
+    def run(self) -> Ties | None:
         first = _greedy(self.original, self.k, self.order)
-        self.best_value, self.best = self.original.value(first), tuple(first)
+        if first is not None:
+            self.best_value = self.original.value(first)
         self._branch(0, 0)
-        return Answer(self.best_value, tuple(sorted(self.best)), self.exhausted)
+        if not self.best:
+            if first is None:
+                return None
+            self.best = [tuple(sorted(first))]
+        return Ties(self.best_value, tuple(self.best), self.exhausted)
+
+    def _record(self, value: int, chosen: list[int]) -> None:
+        picked = tuple(sorted(self.order[p] for p in chosen))
+        if not self.original.connected(picked):
+            return
+        if value > self.best_value:
+            self.best_value = value
+            self.best = []
+        self.best.append(picked)
 
     def _bound(self, start: int, r: int, value: int) -> int:
         """Twice the best value any completion of this branch could reach."""
@@ -135,7 +191,7 @@ class _Search:
         if r == 1:
             self._finish(start, value)
             return
-        if self._bound(start, r, value) <= 2 * self.best_value:
+        if self._bound(start, r, value) < 2 * self.best_value:
             return
         twin = self.twin
         for pos in range(start, m - r + 1):
@@ -150,19 +206,22 @@ class _Search:
                 return
 
     def _finish(self, start: int, value: int) -> None:
-        """The last GPU of a branch: no need to branch, the best one is known."""
-        need = self.best_value - value
+        """The last GPU of a branch: no need to branch, the best ones are known."""
         upper = [u + c for u, c in zip(self.unary[start:], self.cross[start:], strict=True)]
-        if not upper or max(upper) <= need:
+        if not upper or value + max(upper) < self.best_value:
             return
+        twin = self.twin
         for offset in sorted(range(len(upper)), key=upper.__getitem__, reverse=True):
-            if upper[offset] <= need:
+            if value + upper[offset] < self.best_value:
                 break
-            gain = self._gain(start + offset)
-            if gain > need:
-                need = gain
-                self.best_value = value + gain
-                self.best = (*(self.order[p] for p in self.chosen), self.order[start + offset])
+            pos = start + offset
+            if pos > start and twin[pos] == twin[pos - 1]:
+                continue
+            gain = self._gain(pos)
+            if value + gain >= self.best_value:
+                self.chosen.append(pos)
+                self._record(value + gain, self.chosen)
+                self.chosen.pop()
 
     def _gain(self, pos: int) -> int:
         gain = self.unary[pos] + self.cross[pos]
@@ -195,14 +254,25 @@ def _order(p: Problem, k: int, top: list[list[int]]) -> list[int]:
     return sorted(range(p.size), key=lambda i: (-potential[p.twin[i]], first[p.twin[i]], i))
 
 
-def _greedy(p: Problem, k: int, order: list[int]) -> list[int]:
-    """A good first answer: grow from the most promising GPU, then swap while it helps."""
+def _greedy(p: Problem, k: int, order: list[int]) -> list[int] | None:
+    """A good first answer: grow from the most promising GPU, then swap while it helps.
+
+    With adjacency it grows through neighbours only and makes no swaps; it
+    gives up (None) when it gets stuck, and the search starts without one.
+    """
     state = _Incremental(p)
     state.add(order[0])
     while len(state.chosen) < k:
-        state.add(max((j for j in order if j not in state.members), key=lambda j: (state.gain(j), -j)))
-    while state.improve():
-        pass
+        options = [j for j in order if j not in state.members]
+        if p.adjacency is not None:
+            near = frozenset().union(*(p.adjacency[i] for i in state.chosen))
+            options = [j for j in options if j in near]
+            if not options:
+                return None
+        state.add(max(options, key=lambda j: (state.gain(j), -j)))
+    if p.adjacency is None:
+        while state.improve():
+            pass
     return state.chosen
 
 

@@ -36,7 +36,8 @@ def share_size(rules: Rules, gpu: int) -> tuple[int, int]:
 
 
 def may_use_mig(claim: Claim) -> bool:
-    """A plain memory share may take a whole free MIG instance with at least that memory."""
+    """A plain memory share may take a whole free MIG instance with at least that memory,
+    when no GPU share fits (the ranking puts instances last)."""
     return claim.kind == "share" and claim.memory_mib is not None and claim.compute_pct is None
 
 
@@ -96,7 +97,7 @@ def _mig_options(rules: Rules, costs: StageCosts, g: int, reasons: dict[int, str
             rank: tuple[int, ...] = (int(used == 0), (m.memory_mib or 0), _fresh(rules.topo, costs, g), costs.fit[g])
         else:
             rank = (used,)
-        key = (penalty, _size_key(rules, exclusive), 1, *rank, g, m.index)
+        key = (penalty, _size_key(rules, exclusive), 3, *rank, g, m.index)
         device = DeviceShare(gpu=g, mig_uuid=m.uuid, memory_mib=m.memory_mib or 0, compute_pct=100, whole=True)
         note = f"MIG {m.profile} instance {m.index} on GPU {g}"
         out.append(DeviceChoice(key, device, exclusive, note))
@@ -140,10 +141,11 @@ def _size_key(rules: Rules, exclusive: frozenset[int] | None) -> int:
 def _share_key(
     rules: Rules, costs: StageCosts, g: int, memory: int, exclusive: frozenset[int] | None,
 ) -> tuple[int, ...]:
-    """binpack: a shared GPU first (tightest fit), then a MIG instance, then an unused GPU
-    where it breaks the fewest unused domains (and has the most room for the next shares);
-    spread: the least used GPU (by the larger of memory and compute used), in the least
-    used domains."""
+    """binpack: a shared GPU first (tightest fit), then an unused GPU where it breaks the
+    fewest unused domains (and has the most room for the next shares); spread: the least
+    used GPU (by the larger of memory and compute used), in the least used domains. A MIG
+    instance (class 3) comes after every GPU share: carving a whole instance for a plain
+    share wastes what the instance has over; a `mig` claim asks for one."""
     topo = rules.topo
     head = (rules.penalty(g), _size_key(rules, exclusive))
     if rules.strategy is Strategy.BINPACK:

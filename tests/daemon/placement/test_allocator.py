@@ -33,28 +33,71 @@ def one(allocator: Allocator, claim: Claim, gid: str = "g", owner: str = "ada", 
     return placement
 
 
-# --- the two dgx1-v100 examples of the issue -------------------------------------------------
+# --- the examples of issue 15: connected first, then look ahead --------------------------------
 
-def test_dgx1_pair_after_a_quad_takes_a_two_link_pair_of_the_other_quad() -> None:
+def test_dgx1_quad_then_two_pairs_leaves_two_link_pairs() -> None:
+    """A quad, then a pair that leaves the other 2-link pair (4,7 then 5,6), not 6,7 then 4,5 (1 link)."""
     m = machine("dgx1-v100")
     a = Allocator(m)
     quad = one(a, Claim(gpus=4), "quad")
-    assert quad.score.nvlinks == quad.score.best_nvlinks
-    assert set(quad.gpus) in ({0, 1, 2, 3}, {4, 5, 6, 7})
-    pair = one(a, Claim(gpus=2), "pair")
-    assert not set(pair.gpus) & set(quad.gpus)
-    assert m.nvlinks(*pair.gpus) == 2
-    assert (quad.gpus, pair.gpus) == ((0, 1, 2, 3), (6, 7))
+    first = one(a, Claim(gpus=2), "pair")
+    second = one(a, Claim(gpus=2), "pair2")
+    assert (quad.gpus, first.gpus, second.gpus) == ((0, 1, 2, 3), (4, 7), (5, 6))
+    assert m.nvlinks(*first.gpus) == m.nvlinks(*second.gpus) == 2
     assert quad.score.explanation == (
-        "GPUs 0-3: 6 pairs, 9 NVLinks in total (best possible 9), PCIe closeness 16; leaves GPUs 4-7 whole")
+        "GPUs 0-3: connected over NVLink, one model on NUMA node 0; 6 pairs, 9 NVLinks in total "
+        "(best possible 9), weakest pair 1; leaves 4-7 as a 9-link quad; PCIe closeness 16")
+    assert "leaves 5,6 as a 2-link pair" in first.score.explanation
 
 
-def test_dgx1_lone_pair_stays_inside_one_quad() -> None:
+def test_dgx1_two_pairs_then_a_quad_keeps_a_nine_link_quad() -> None:
+    """Pairs taken inside one quad (0,3 then 1,2) keep 4-7 whole for the quad that follows."""
+    m = machine("dgx1-v100")
+    a = Allocator(m)
+    pairs = [one(a, Claim(gpus=2), f"p{i}") for i in range(2)]
+    quad = one(a, Claim(gpus=4), "quad")
+    assert [p.gpus for p in pairs] == [(0, 3), (1, 2)]
+    assert quad.gpus == (4, 5, 6, 7) and quad.score.nvlinks == 9
+    assert "leaves 4-7 as a 9-link quad" in pairs[1].score.explanation
+
+
+def test_dgx1_lone_pair_stays_inside_one_quad_and_spares_the_next_pair() -> None:
+    """0,3 and 2,3 both have 2 NVLinks in one quad; 0,3 leaves 1,2 a 2-link pair, 2,3 would leave 0,1 with 1."""
     pair = one(Allocator(machine("dgx1-v100")), Claim(gpus=2))
-    assert pair.gpus == (2, 3)
-    assert len({g // 4 for g in pair.gpus}) == 1
-    assert machine("dgx1-v100").nvlinks(*pair.gpus) == 2
+    assert pair.gpus == (0, 3)
     assert "2 NVLinks in total (best possible 2)" in pair.score.explanation
+    assert "leaves 4-7 as a 9-link quad, 1,2 as a 2-link pair" in pair.score.explanation
+
+
+def test_synthetic_72_quad_stays_connected_and_on_one_model() -> None:
+    """Only 8-11 (a V100 cube-mesh quad) and 48-50 (A100s on another NUMA node) free: 8-11, not 8,48,49,50."""
+    m = machine("synthetic-72")
+    a = Allocator(m)
+    keep = {8, 9, 10, 11, 48, 49, 50}
+    rest = tuple(g.index for g in m.gpus if g.index not in keep and not g.mig_enabled)
+    one(a, Claim(gpus=len(rest), gpu_ids=rest), "rest")
+    quad = one(a, Claim(gpus=4), "quad")
+    assert quad.gpus == (8, 9, 10, 11)
+    assert "connected over NVLink, one model on NUMA node 0" in quad.score.explanation
+
+
+def test_two_islands_eight_gpus_take_the_connected_island() -> None:
+    """With GPU 15 taken, GPU 0 plus 8-14 has more NVLinks (378) than 0-7 (336) but is cut in two."""
+    m = machine("two-islands-16")
+    a = Allocator(m)
+    one(a, Claim(gpus=1, gpu_ids=(15,)), "one")
+    eight = one(a, Claim(gpus=8), "eight")
+    assert eight.gpus == tuple(range(8))
+    assert eight.score.nvlinks == 336
+
+
+def test_a_disconnected_set_only_when_no_connected_one_is_free() -> None:
+    m = machine("two-islands-16")
+    a = Allocator(m)
+    one(a, Claim(gpus=1, gpu_ids=(15,)), "one")
+    one(a, Claim(gpus=1, gpu_ids=(7,)), "two")
+    eight = one(a, Claim(gpus=8), "eight")
+    assert "not connected over NVLink (no connected 8 are free)" in eight.score.explanation
 
 
 # --- fractional packing ------------------------------------------------------------------------
@@ -416,3 +459,39 @@ def test_a_claim_without_strategy_takes_the_configured_default() -> None:
     spread_gpus = {spread.allocate(c, [f"s{i}"], "x")[0].devices[0].gpu for i, c in enumerate(shares)}
     packed_gpus = {packed.allocate(c, [f"p{i}"], "x")[0].devices[0].gpu for i, c in enumerate(shares)}
     assert len(spread_gpus) == 3 and len(packed_gpus) == 1
+
+
+# --- issue 15: rules that contradict, and MIG instances for plain shares ------------------------
+
+def test_exclusive_and_colocate_that_contradict_are_refused_with_why() -> None:
+    """NVLink islands 0-3 and 4-7, NUMA nodes of the even and the odd GPUs: no island meets a node in 4."""
+    from tests.daemon.placement.allocator_machines import PIX, build
+
+    nv = {(a, b): 12 for a in range(8) for b in range(a + 1, 8) if a // 4 == b // 4}
+    m = build("crossed", [81559] * 8, nv, lambda a, b: PIX, numa=lambda g: g % 2)
+    a = Allocator(m)
+    with pytest.raises(NeverFits, match=r"^exclusive numa and colocate nvlink contradict on this machine: "
+                                        r"needs 4 GPUs in one NUMA node and one NVLink island; the most any "
+                                        r"NUMA node and NVLink island share is 2$"):
+        one(a, Claim(gpus=4, exclusive=DomainKind.NUMA, colocate=DomainKind.NVLINK))
+    assert one(a, Claim(gpus=2, exclusive=DomainKind.NUMA, colocate=DomainKind.NVLINK)).gpus == (0, 2)
+
+
+def test_a_plain_memory_share_takes_a_gpu_share_before_a_mig_instance() -> None:
+    m = machine("dgx-a100-mig")
+    a = Allocator(m)
+    small = min((d for g in m.gpus for d in g.mig_devices), key=lambda d: d.memory_mib or 0)
+    share = one(a, Claim(memory_mib=small.memory_mib), "plain")
+    assert share.devices[0].mig_uuid is None and not share.devices[0].whole
+    instance = one(a, Claim(mig=small.profile), "asked")
+    assert instance.devices[0].mig_uuid is not None
+
+
+def test_anti_affinity_right_after_the_group_it_avoids() -> None:
+    """`allocate X` then `--anti-affinity X`: the second claim sees X's group as soon as its record has users."""
+    a = Allocator(machine("dgx1-v100"))
+    x = one(a, Claim(gpus=2), "x-0")
+    change(a, "x-0", users=frozenset({"x"}))
+    y = one(a, Claim(gpus=2, anti_affinity=(AffinityTerm("x", Level.NUMA),)), "y-0")
+    assert x.gpus == (0, 3) and y.gpus == (4, 7)
+    assert "leaves 1,2,5,6 as a 7-link quad" in y.score.explanation

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from itertools import combinations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from computegroups.daemon.placement.allocator import Allocator, Placement, Place
 from computegroups.topology import load_machine, simulated_machine_names
 from computegroups.topology.model import DomainKind, Machine
 from tests.daemon.placement.allocator_machines import a100_mig, change, follow, random_machine
+from tests.daemon.placement.test_allocator_optimal import connected
 
 COMPONENTS = ("web", "db", "etl")
 KINDS = [DomainKind.NVLINK, DomainKind.PCIE, DomainKind.NUMA]
@@ -211,3 +213,62 @@ def test_following_the_same_holdings_gives_the_same_allocator(m: Machine, ops: l
         except PlacementError as exc:
             answers.append(str(exc))
     assert answers[0] == answers[1]
+
+
+def _best_now(m: Machine, a: Allocator, claim: Claim) -> tuple | None:
+    """Keys 1-3 of the best set of plain free GPUs (brute force): connected, models, NUMA, NVLinks, weakest."""
+    free = [u.gpu for u in a.free_summary() if u.whole_free and not u.memory_foreign_mib]
+    best = None
+    for s in combinations(free, claim.gpus or 1):
+        best = max(best or _keys(m, s), _keys(m, s))
+    return best
+
+
+def _keys(m: Machine, s) -> tuple:
+    links = [m.nvlinks(x, y) for i, x in enumerate(s) for y in s[i + 1:]]
+    return (connected(m, s), -len({m.gpu(g).name for g in s}), -len({m.gpu(g).numa_node for g in s} - {None}),
+            sum(links), min(links, default=0))
+
+
+small_machines = st.one_of(
+    st.integers(0, 10**6).map(lambda seed: random_machine(random.Random(seed), random.Random(seed).randint(2, 10))),
+    st.sampled_from(["dgx1-v100", "dgx-h100", "workstation-nvlink-pairs", "two-islands-16"]).map(load_machine),
+)
+wholes = st.lists(st.tuples(st.integers(1, 4), st.booleans()), min_size=1, max_size=8)
+
+
+@PROFILE
+@given(small_machines, wholes)
+def test_connected_first_and_look_ahead_never_worse_now(m: Machine, steps: list) -> None:
+    """Each plain `gpus: N` gets a set as good on keys 1-3 as the best set now: look-ahead only breaks ties.
+
+    Connected first is key 1: no disconnected set while a connected one of that size is free.
+    """
+    a = Allocator(m)
+    for i, (n, release) in enumerate(steps):
+        claim = Claim(gpus=n)
+        best = _best_now(m, a, claim)
+        try:
+            got = a.allocate(claim, [f"w{i}"], "owner")[0]
+        except PlacementError:
+            assert best is None
+            continue
+        assert _keys(m, got.gpus) == best
+        if release and i % 2:
+            a.release(f"w{i}")
+
+
+@PROFILE
+@given(small_machines, wholes)
+def test_the_same_whole_claims_give_the_same_sets(m: Machine, steps: list) -> None:
+    def run() -> list:
+        a = Allocator(m)
+        out: list[object] = []
+        for i, (n, _) in enumerate(steps):
+            try:
+                out.append(a.allocate(Claim(gpus=n), [f"w{i}"], "o")[0])
+            except PlacementError as exc:
+                out.append(str(exc))
+        return out
+
+    assert run() == run()
