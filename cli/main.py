@@ -29,6 +29,7 @@ COMMANDS = {
     "list": "status:list_components",
     "logs": "logs:logs",
     "release": "release:release",
+    "render": "kubernetes_render:render",
     "reserve": "allocate:reserve",
     "restart": "release:restart",
     "run": "run:run",
