@@ -178,3 +178,21 @@ def test_an_unreachable_cluster_is_one_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(ClusterUnreachable, match="cannot reach the cluster's API server"):
         on_cluster(config, scenario)
+
+
+def test_each_node_of_a_cluster_is_a_compute_node_with_its_own_gpus_and_groups(tmp_path: Path) -> None:
+    emulated = EmulatedCluster({"node-a": 2, "node-b": 4}).start()
+    try:
+        async def scenario(m: ComputeGroupManager) -> None:
+            group = await m.allocate_compute_group("train", {"gpus": 3})
+            assert group.document["node"] == "node-b" and group.utilization["compute"] == 1.0
+            a, b = sorted(await m.list_compute_nodes(), key=lambda n: n.id)
+            assert (a.id, a.resources["gpus"], a.compute_groups) == ("node-a", 2, [])
+            assert (b.id, b.resources["gpus"], [g.id for g in b.compute_groups]) == ("node-b", 4, ["train-0"])
+            assert b.utilization["compute"] == 0.75 and a.utilization["compute"] == 0.0
+            pinned = await m.create_compute_group({"gpus": 1}, node_id="node-a")
+            assert pinned.document["node"] == "node-a"
+
+        on_cluster(emulated.kubeconfig(tmp_path / "kubeconfig"), scenario)
+    finally:
+        emulated.stop()
