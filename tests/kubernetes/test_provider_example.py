@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("lightkube", reason="the Kubernetes provider's tests need lightkube: pip install '.[test]'")
 pytest.importorskip("kmock", reason="the emulated cluster needs kmock: pip install '.[test]'")
 
-from computegroups.daemon.client import ComputeGroupManager, LocalComputeResourceProvider  # noqa: E402
-from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider  # noqa: E402
-from tests.daemon_fixture import Cgd  # noqa: E402
-from tests.kubernetes.emulator import CLAIMS, PODS, EmulatedCluster  # noqa: E402
+from computegroups.daemon.client import ComputeGroupManager, LocalComputeResourceProvider
+from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider
+from tests.daemon_fixture import Cgd
+from tests.kubernetes.emulator import CLAIMS, PODS, EmulatedCluster
 
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "client_example.py"
