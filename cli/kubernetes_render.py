@@ -23,19 +23,20 @@ INSTALL_HINT = "pip install 'computegroups[kubernetes]'"
 
 @click.group()
 def render() -> None:
-    """Print what a deployment file is elsewhere (no cgd needed)."""
+    """Print a deployment file as manifests for elsewhere (no cgd needed)."""
 
 
 @render.command()
 @click.option("-f", "--file", "path", metavar="FILE", required=True,
               type=click.Path(dir_okay=False, path_type=str), help="The deployment file (TOML).")
-@click.option("-n", "--namespace", default="default", show_default=True, help="The namespace of the manifests.")
+@click.option("-n", "--namespace", metavar="NS", default="default", show_default=True,
+              help="The namespace of the manifests.")
 @click.option("--image", metavar="IMAGE", help="The container image every component runs (required).")
 @click.option("--sharing", type=click.Choice(["dra", "mps"]), default="dra", show_default=True,
               help="A share as DRA consumable capacity, or as NVIDIA's MPS configuration.")
 def kubernetes(path: str, namespace: str, image: str | None, sharing: str) -> None:
-    """FILE as a Grove PodCliqueSet with DRA claims, as YAML on stdout;
-    warnings for what has no Kubernetes form on stderr."""
+    """Print FILE as a Grove PodCliqueSet with DRA claims (YAML on stdout),
+    and a warning on stderr for each field with no Kubernetes form."""
     # Loaded here, not with the module: `cgctl --help` lists this command.
     from computegroups.daemon.kubernetes.render import RenderError, render_deployment
     from computegroups.daemon.model.deployment import DeploymentError, parse
