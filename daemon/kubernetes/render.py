@@ -35,7 +35,6 @@ from computegroups.daemon.model.deployment import DeploymentSpec, SharingSpec
 from computegroups.daemon.model.enums import Scope
 
 GROVE_API = "grove.io/v1alpha1"
-GROVE_RELEASE = "ai-dynamo/grove v0.1.0-alpha.11 (8fa3ece93434d7c0005605b7dc4b0e23610af88b)"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "computegroups"}
 SHADOW_ANNOTATION = "computegroups.io/shadow-of"
 NOTE_ANNOTATION = "computegroups.io/note"
@@ -73,40 +72,16 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
         raise RenderError("image: every component runs in a container on Kubernetes and the file names no "
                           "image: give one (cgctl render kubernetes --image IMAGE)")
     plan = _SharingPlan(spec)
-    warnings = list(plan.warnings)
-    per_replica = {e.claim for _, e in _all_entries(spec) if e.scope is Scope.PER_REPLICA}
-    templates = []
-    for i, claim in enumerate(spec.claims):
-        templates.append({"name": claim.name, "templateSpec": {"spec": claim_template_spec(claim.claim, sharing)}})
-        warnings += claim_warnings(claim, f"claims[{i}]", claim.name in per_replica)
-    shares = [f"claims[{i}]" for i, c in enumerate(spec.claims) if c.claim.kind == "share"]
-    if shares and sharing == "dra":
-        more = f" (and {len(shares) - 1} more)" if len(shares) > 1 else ""
-        warnings.append(f"{shares[0]}{more}: a share is rendered as consumable capacity (KEP-5075), which "
-                        "needs a DRA driver that publishes shareable GPUs; NVIDIA's does not today "
-                        "(--sharing mps renders MPS instead)")
+    templates, warnings = _claim_templates(spec, sharing)
+    warnings = plan.warnings + warnings
     if any(s != spec.file_sizes() for s in spec.sizes):
         warnings.append("replicas: counts changed by `cgctl scale` are not rendered: the PodCliqueSet "
                         "starts from the file's counts (scale it on the cluster)")
     cliques = []
-    for i, c in enumerate(spec.components):
-        request = c.request(c.name, c.shadow_of)
-        warnings += process_warnings(request, f"components[{i}]")
-        affinity = _merge_affinity(pod_affinity(spec.claim(name), COMPONENT_LABEL) for name in plan.claims_of(c.name))
-        replicas = spec.component(c.shadow_of).replicas if c.shadow_of else c.replicas
-        clique: dict[str, Any] = {"name": c.name, "labels": {COMPONENT_LABEL: c.name}}
-        if c.shadow_of is not None:
-            clique["annotations"] = {
-                SHADOW_ANNOTATION: c.shadow_of,
-                NOTE_ANNOTATION: f"standby of {c.shadow_of} on its claims; promotion is not automatic on Kubernetes"}
-            warnings.append(f"components[{i}].shadow_of: {c.name!r} is a clique beside {c.shadow_of!r} on its "
-                            "claims; promotion is not automatic on Kubernetes (both run; nothing hands the "
-                            f"standby the primary's role when {c.shadow_of!r} fails)")
-        if plan.cliques[c.name]:
-            clique["resourceSharing"] = plan.cliques[c.name]
-        clique["spec"] = {"roleName": c.name, "replicas": replicas,
-                          "podSpec": pod_spec(request, c.name, image, affinity)}
+    for i in range(len(spec.components)):
+        clique, notes = _clique(spec, i, plan, image)
         cliques.append(clique)
+        warnings += notes
     template: dict[str, Any] = {"cliques": cliques}
     if spec.scaling_groups:
         template["podCliqueScalingGroups"] = [
@@ -121,6 +96,43 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
            "metadata": {"name": spec.name, "namespace": namespace, "labels": dict(MANAGED_BY)},
            "spec": {"replicas": spec.replicas, "template": template}}
     return Rendered(documents=[pcs], warnings=warnings)
+
+
+def _claim_templates(spec: DeploymentSpec, sharing: str) -> tuple[list[Entry], list[str]]:
+    """The set's `resourceClaimTemplates`, and what the claims say that they do not carry."""
+    per_replica = {e.claim for _, e in _all_entries(spec) if e.scope is Scope.PER_REPLICA}
+    templates, warnings = [], []
+    for i, claim in enumerate(spec.claims):
+        templates.append({"name": claim.name, "templateSpec": {"spec": claim_template_spec(claim.claim, sharing)}})
+        warnings += claim_warnings(claim, f"claims[{i}]", claim.name in per_replica)
+    shares = [f"claims[{i}]" for i, c in enumerate(spec.claims) if c.claim.kind == "share"]
+    if shares and sharing == "dra":
+        more = f" (and {len(shares) - 1} more)" if len(shares) > 1 else ""
+        warnings.append(f"{shares[0]}{more}: a share is rendered as consumable capacity (KEP-5075), which "
+                        "needs a DRA driver that publishes shareable GPUs; NVIDIA's does not today "
+                        "(--sharing mps renders MPS instead)")
+    return templates, warnings
+
+
+def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str) -> tuple[Entry, list[str]]:
+    """Component `i` as a clique, and what its process rules say that a pod does not carry."""
+    c = spec.components[i]
+    request = c.request(c.name, c.shadow_of)
+    warnings = process_warnings(request, f"components[{i}]")
+    affinity = _merge_affinity(pod_affinity(spec.claim(name), COMPONENT_LABEL) for name in plan.claims_of(c.name))
+    replicas = spec.component(c.shadow_of).replicas if c.shadow_of else c.replicas
+    clique: Entry = {"name": c.name, "labels": {COMPONENT_LABEL: c.name}}
+    if c.shadow_of is not None:
+        clique["annotations"] = {
+            SHADOW_ANNOTATION: c.shadow_of,
+            NOTE_ANNOTATION: f"standby of {c.shadow_of} on its claims; promotion is not automatic on Kubernetes"}
+        warnings.append(f"components[{i}].shadow_of: {c.name!r} is a clique beside {c.shadow_of!r} on its "
+                        "claims; promotion is not automatic on Kubernetes (both run; nothing hands the "
+                        f"standby the primary's role when {c.shadow_of!r} fails)")
+    if plan.cliques[c.name]:
+        clique["resourceSharing"] = plan.cliques[c.name]
+    clique["spec"] = {"roleName": c.name, "replicas": replicas, "podSpec": pod_spec(request, c.name, image, affinity)}
+    return clique, warnings
 
 
 class _SharingPlan:
