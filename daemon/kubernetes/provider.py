@@ -112,8 +112,10 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return k.slice_devices(await self._list(ResourceSlice, namespaced=False))
 
     async def _claims(self, **labels: str) -> list[dict[str, Json]]:
+        """Ours, and not on their way out (a claim being deleted waits for its finalizer)."""
         found = await self._list(ResourceClaim, labels=k.selector(**labels))
-        return [c for c in found if (c.get("metadata") or {}).get("labels", {}).get(k.MANAGED_BY) == k.MANAGER]
+        return [c for c in found if (c.get("metadata") or {}).get("labels", {}).get(k.MANAGED_BY) == k.MANAGER
+                and not c["metadata"].get("deletionTimestamp")]
 
     async def taint_rule_version(self) -> str | None:
         """The resource.k8s.io version that serves DeviceTaintRule, by API discovery; None if none does."""
