@@ -42,7 +42,7 @@ def test_claims_take_the_dra_form_of_each_kind() -> None:
     assert k.check_claim({"gpus": 2, "colocate": "pcie"}) == []
     (warning,) = k.check_claim({"gpus": 2, "colocate": "nvlink"})
     assert warning.startswith("colocate nvlink: NVIDIA's DRA driver publishes no nvlink attribute")
-    with pytest.raises(ValueError, match="^exclusive: not supported by the Kubernetes provider"):
+    with pytest.raises(ValueError, match=r"^exclusive: not supported by the Kubernetes provider"):
         k.check_claim({"gpus": 2, "exclusive": "nvlink"})
 
 
