@@ -196,3 +196,24 @@ def test_each_node_of_a_cluster_is_a_compute_node_with_its_own_gpus_and_groups(t
         on_cluster(emulated.kubeconfig(tmp_path / "kubeconfig"), scenario)
     finally:
         emulated.stop()
+
+
+def test_with_wait_the_allocation_waits_for_the_scheduler_like_salloc(
+        cluster: EmulatedCluster, kubeconfig: Path) -> None:
+    cluster.scheduling = "hold"
+
+    def scheduler_said_no() -> bool:
+        return any(c.get("status") == "False" for p in cluster.objects(PODS)
+                   for c in p.get("status", {}).get("conditions", []))
+
+    async def scenario(m: ComputeGroupManager) -> None:
+        waiting = asyncio.ensure_future(m.allocate_compute_group("train", {"gpus": 2}, {"wait": True}))
+        while not scheduler_said_no():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
+        assert not waiting.done()  # no answer while the scheduler says no, however long that is
+        cluster.scheduling = "allocate"
+        group = await waiting
+        assert group.allocation_state == "allocated" and group.resources["gpus"] == 2
+
+    on_cluster(kubeconfig, scenario, timeout=0.05)
