@@ -236,6 +236,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
     async def _create_held(self, name: str, claim: Mapping[str, Json], labels: Mapping[str, str],
                            node: str | None) -> None:
         """The claim first, then its holder; a holder refused takes its claim with it."""
+        await self._gone(name)
         async with translated():
             await self.client.create(cast(ResourceClaim, ResourceClaim.from_dict(
                 k.claim_object(name, self.namespace, claim, labels))))
@@ -246,6 +247,26 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         except BaseException:
             await self._delete_held(name)
             raise
+
+    async def _gone(self, name: str) -> None:
+        """Wait until a claim of that name being deleted is gone. An allocated claim keeps its
+        delete-protection finalizer until no pod uses it, so a name freed a moment ago may still
+        be taken; a claim that is not on its way out is left to `create` to refuse."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.allocation_timeout_s
+        while True:
+            try:
+                async with translated():
+                    found = (await self.client.get(ResourceClaim, name, namespace=self.namespace)).to_dict()
+            except ClusterError as exc:
+                if exc.code == "not_found":
+                    return
+                raise
+            if not found["metadata"].get("deletionTimestamp"):
+                return
+            if loop.time() >= deadline:
+                raise ClusterError(409, "conflict", f"claim {name} is still being deleted: try again")
+            await asyncio.sleep(self.poll_s)
 
     async def _delete_held(self, name: str) -> bool:
         """Delete the holder, the claim and the group's taint rules; False when the claim was not there."""

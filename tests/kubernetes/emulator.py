@@ -32,6 +32,8 @@ T = TypeVar("T")
 NAMESPACE = "cg-test"
 DRIVER = "gpu.nvidia.com"
 MIB = 1024 * 1024
+PROTECTION = "resource.kubernetes.io/delete-protection"
+"""The finalizer an allocated claim carries, so it outlives no pod that uses it."""
 HOLD_REASON = "0/1 nodes are available: 1 cannot allocate all claims. preemption: 0/1 nodes are available."
 
 CLAIMS = resource(group="resource.k8s.io", version="v1", plural="resourceclaims")
@@ -126,6 +128,8 @@ class EmulatedCluster:
         self.taints = resource(group="resource.k8s.io", version=taint_api or "v1", plural="devicetaintrules")
         self.scheduling = "allocate"
         self.hold_reason = HOLD_REASON
+        self.claim_controller = True
+        """False: deleted claims keep their finalizer (a slow controller), until set back."""
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -217,6 +221,13 @@ class EmulatedCluster:
                         if r == res and not obj.deleted]
         return self.call(read)
 
+    def requests(self) -> list[tuple[str, str]]:
+        """(method, path) of every request the API server has had."""
+        async def read() -> list[tuple[str, str]]:
+            assert self.emulator is not None
+            return [(str(r.method.value), r.url.path) for r in self.emulator]
+        return self.call(read)
+
     def kubeconfig(self, path: Path, namespace: str = NAMESPACE) -> Path:
         return write_kubeconfig(path, self.url, namespace)
 
@@ -233,6 +244,7 @@ class EmulatedCluster:
         return {(ns, name): obj for (r, ns, name), obj in emulator.objects.items() if r == res and not obj.deleted}
 
     def _schedule_once(self, emulator: ClusterEmulator) -> None:
+        self._release_deleted_claims(emulator)
         claims = self._live(emulator, CLAIMS)
         for (ns, name), pod in self._live(emulator, PODS).items():
             if pod.get("spec", {}).get("nodeName"):
@@ -249,11 +261,23 @@ class EmulatedCluster:
             for claim in wanted:
                 assert claim is not None
                 if not claim.get("status", {}).get("allocation"):
-                    claim.patch({"status": {"allocation": placed[claim["metadata"]["name"]],
+                    claim.patch({"metadata": {"finalizers": [PROTECTION]},
+                                 "status": {"allocation": placed[claim["metadata"]["name"]],
                                             "reservedFor": [{"resource": "pods", "name": name,
                                                              "uid": pod["metadata"].get("uid")}]}})
             pod.patch({"spec": {"nodeName": placed["node"]}, "status": {"phase": "Running", "conditions": [
                 {"type": "PodScheduled", "status": "True"}]}})
+
+    def _release_deleted_claims(self, emulator: ClusterEmulator) -> None:
+        """kube-controller-manager's part: a deleted claim that no pod uses any more loses its
+        delete-protection finalizer and goes; until then it is there, `deletionTimestamp` set."""
+        if not self.claim_controller:
+            return
+        used = {(ns, r.get("resourceClaimName")) for (ns, _), pod in self._live(emulator, PODS).items()
+                for r in pod.get("spec", {}).get("resourceClaims") or []}
+        for key, claim in self._live(emulator, CLAIMS).items():
+            if claim.get("metadata", {}).get("deletionTimestamp") and key not in used:
+                claim.delete()
 
     def _used(self, emulator: ClusterEmulator) -> dict[tuple[str, str], list[int | None]]:
         """(pool, device) -> the memory each allocation takes of it (None: all of it)."""

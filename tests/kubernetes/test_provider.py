@@ -217,3 +217,24 @@ def test_with_wait_the_allocation_waits_for_the_scheduler_like_salloc(
         assert group.allocation_state == "allocated" and group.resources["gpus"] == 2
 
     on_cluster(kubeconfig, scenario, timeout=0.05)
+
+
+def test_a_name_freed_a_moment_ago_can_be_allocated_again(cluster: EmulatedCluster, kubeconfig: Path) -> None:
+    """An allocated claim keeps its delete-protection finalizer until the controller sees no pod
+    use it: a new claim of the same name waits for the old one to go instead of failing on a conflict."""
+    async def scenario(m: ComputeGroupManager) -> None:
+        group = await m.allocate_compute_group("web", {"gpus": 1})
+        cluster.claim_controller = False
+        assert await m.deallocate_compute_group(group.id)
+        assert await m.list_compute_groups() == []  # going: not listed, though still there
+        assert [c["metadata"]["name"] for c in cluster.objects(CLAIMS)] == ["web-0"]
+        reads = ("GET", "/apis/resource.k8s.io/v1/namespaces/cg-test/resourceclaims/web-0")
+        before = cluster.requests().count(reads)
+        again = asyncio.ensure_future(m.allocate_compute_group("web", {"gpus": 1}))
+        while not again.done() and cluster.requests().count(reads) < before + 2:  # looked, looks again
+            await asyncio.sleep(0.01)
+        assert not again.done()
+        cluster.claim_controller = True
+        assert (await again).allocation_state == "allocated"
+
+    on_cluster(kubeconfig, scenario)
