@@ -23,13 +23,13 @@ from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
 
+from computegroups.daemon.kubernetes.render_claims import claim_template_spec
+from computegroups.daemon.model.claims import Claim
+
 Json = Any
 Obj = Mapping[str, Any]
 
 DRIVER = "gpu.nvidia.com"
-GPU_CLASS = "gpu.nvidia.com"
-MIG_CLASS = "mig.nvidia.com"
-PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "computegroups"
@@ -40,8 +40,8 @@ DEPLOYMENT = "computegroups.io/deployment"
 CLAIM = "computegroups.io/claim"
 SCOPE = "computegroups.io/scope"
 DRAIN_KEY = "computegroups.io/drain"
-REQUEST = "gpus"
-"""The one request of every claim the provider makes; the holder's container names it."""
+HOLDER_CLAIM = "group"
+"""The name the holder pod gives the claim it uses, and its container refers to."""
 
 _DEVICE_NAME = re.compile(r"^gpu-(\d+)(?:-|$)")
 MIB = 1024 * 1024
@@ -54,7 +54,6 @@ UNSUPPORTED = {
     "allow_busy": "the scheduler knows no foreign processes",
     "affinity": "use pod affinity in a deployment",
     "anti_affinity": "use pod anti-affinity in a deployment",
-    "distinct": "one claim's devices are always distinct",
 }
 """Claim keys with no Kubernetes form: refused by name, never dropped."""
 
@@ -88,43 +87,16 @@ def check_claim(claim: Mapping[str, Json]) -> list[str]:
     return []
 
 
-def claim_object(name: str, namespace: str, claim: Mapping[str, Json], labels: Mapping[str, str]) -> dict[str, Json]:
-    """The ResourceClaim (resource.k8s.io/v1) for one group.
-
-    Whole GPUs are an exact count of `gpu.nvidia.com` devices; a MIG device a
-    `mig.nvidia.com` device of that profile; a share a consumable-capacity
-    request for its memory (KEP-5075), with NVIDIA's MPS `GpuConfig` carrying
-    the pinned memory limit and the active thread percentage that enforce it
-    (the driver publishes no `compute` capacity to request).
-    """
-    exactly: dict[str, Json] = {"deviceClassName": GPU_CLASS, "allocationMode": "ExactCount", "count": 1}
-    config: list[dict[str, Json]] = []
-    if claim.get("gpus"):
-        exactly["count"] = int(claim["gpus"])
-    elif claim.get("mig"):
-        exactly["deviceClassName"] = MIG_CLASS
-        exactly["selectors"] = [{"cel": {"expression":
-                                         f"device.attributes['{DRIVER}'].profile == {json.dumps(claim['mig'])}"}}]
-    else:
-        mps: dict[str, Json] = {}
-        if claim.get("memory_mib"):
-            exactly["capacity"] = {"requests": {"memory": f"{int(claim['memory_mib'])}Mi"}}
-            mps["defaultPinnedDeviceMemoryLimit"] = f"{int(claim['memory_mib'])}Mi"
-        if claim.get("compute_pct"):
-            mps["defaultActiveThreadPercentage"] = int(claim["compute_pct"])
-        config.append({"requests": [REQUEST], "opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-            "sharing": {"strategy": "MPS", "mpsConfig": mps}}}})
-    devices: dict[str, Json] = {"requests": [{"name": REQUEST, "exactly": exactly}]}
-    if claim.get("colocate") == "pcie" and exactly["count"] > 1:
-        devices["constraints"] = [{"requests": [REQUEST], "matchAttribute": PCIE_ROOT}]
-    if config:
-        devices["config"] = config
+def claim_object(name: str, namespace: str, claim: Claim, sharing: str,
+                 labels: Mapping[str, str]) -> dict[str, Json]:
+    """The ResourceClaim (resource.k8s.io/v1) for one group: its spec is the one `cgctl render
+    kubernetes` gives the same claim (render_claims.py), so a group and a deployment's claim
+    template of the same claim ask the cluster the same thing."""
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "labels": dict(labels),
-                     "annotations": {CLAIM: json.dumps(dict(claim), sort_keys=True)}},
-        "spec": {"devices": devices},
+                     "annotations": {CLAIM: json.dumps(claim.to_dict(), sort_keys=True)}},
+        "spec": claim_template_spec(claim, sharing),
     }
 
 
@@ -134,8 +106,8 @@ def holder_object(claim_name: str, namespace: str, image: str, labels: Mapping[s
     so this is the cluster's form of a reservation. It runs `image` (a pause
     container) and nothing else."""
     spec: dict[str, Json] = {
-        "resourceClaims": [{"name": REQUEST, "resourceClaimName": claim_name}],
-        "containers": [{"name": "holder", "image": image, "resources": {"claims": [{"name": REQUEST}]}}],
+        "resourceClaims": [{"name": HOLDER_CLAIM, "resourceClaimName": claim_name}],
+        "containers": [{"name": "holder", "image": image, "resources": {"claims": [{"name": HOLDER_CLAIM}]}}],
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 0,
     }
@@ -250,12 +222,14 @@ def allocated_devices(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str,
             continue
         known = devices.get((r.get("pool"), r.get("device")), {})
         whole = not (asked.get("memory_mib") or asked.get("compute_pct"))
-        memory = known.get("memory_mib")
-        if not whole:
-            memory = _mib((r.get("consumedCapacity") or {}).get("memory")) or asked.get("memory_mib") or memory
+        memory, compute = known.get("memory_mib"), 100
+        if not whole:  # what the device gave (consumable capacity), else what MPS limits the share to
+            consumed = r.get("consumedCapacity") or {}
+            memory = _mib(consumed.get("memory")) or asked.get("memory_mib") or memory
+            compute = int(consumed.get("compute") or asked.get("compute_pct") or 100)
         out.append({
             "index": known.get("index"), "uuid": known.get("uuid"), "mig_uuid": known.get("mig_uuid"),
-            "memory_mib": memory, "compute_pct": 100 if whole else int(asked.get("compute_pct") or 100),
+            "memory_mib": memory, "compute_pct": compute,
             "whole": whole and known.get("mig_uuid") is None,
             "node": known.get("node") or r.get("pool"), "pool": r.get("pool"), "device": r.get("device"),
         })

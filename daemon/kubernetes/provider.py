@@ -30,6 +30,7 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 from computegroups.daemon.client.providers import GROUP_FILTERS, ComputeResourceProvider
 from computegroups.daemon.kubernetes import cluster_objects as k
 from computegroups.daemon.kubernetes.cluster_errors import ClusterError, ClusterUnreachable, NotSupportedByCluster
+from computegroups.daemon.kubernetes.render_claims import SHARINGS
 from computegroups.daemon.model.claims import Claim
 
 Json = Any
@@ -79,12 +80,16 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
     without one, the kubeconfig at `kubeconfig`/`context` as kubectl finds it.
     `allocation_timeout_s`: how long an allocation waits for the scheduler
     before answering a pending group with the scheduler's reason.
+    `sharing`: how a share is claimed, as in `cgctl render kubernetes`:
+    `dra` (consumable capacity) or `mps` (NVIDIA's MPS `GpuConfig`).
     """
 
     def __init__(self, client: AsyncClient | None = None, *, namespace: str | None = None,
                  context: str | None = None, kubeconfig: str | os.PathLike[str] | None = None,
                  allocation_timeout_s: float = 60.0, holder_image: str = PAUSE_IMAGE,
-                 poll_s: float = 0.2) -> None:
+                 sharing: str = "dra", poll_s: float = 0.2) -> None:
+        if sharing not in SHARINGS:
+            raise ValueError(f"sharing: must be one of {', '.join(SHARINGS)}, got {sharing!r}")
         if client is None:
             client = AsyncClient(config=load_config(kubeconfig, context), namespace=namespace,
                                  field_manager=FIELD_MANAGER)
@@ -92,6 +97,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         self.namespace: str = namespace or client.namespace
         self.allocation_timeout_s = allocation_timeout_s
         self.holder_image = holder_image
+        self.sharing = sharing
         self.poll_s = poll_s
         self._taint_asked = False
         self._taint_version: str | None = None
@@ -222,24 +228,24 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             component["state"] = "pending"
         return component
 
-    def _checked(self, claim: Mapping[str, Json]) -> dict[str, Json]:
+    def _checked(self, claim: Mapping[str, Json]) -> Claim:
         """The claim as cgd would read it (same model, same refusals), then what has no cluster form."""
-        normal = Claim.from_dict(dict(claim)).to_dict()
-        k.check_claim(normal)
+        normal = Claim.from_dict(dict(claim))
+        k.check_claim(normal.to_dict())
         return normal
 
-    async def _check_fits(self, claim: Mapping[str, Json]) -> None:
-        if not k.fits_somewhere(claim, await self._devices()):
-            raise ClusterError(422, "unsatisfiable",
-                               f"no node of the cluster has devices for {claim} (NVIDIA DRA ResourceSlices)")
+    async def _check_fits(self, claim: Claim) -> None:
+        if not k.fits_somewhere(claim.to_dict(), await self._devices()):
+            raise ClusterError(422, "unsatisfiable", f"no node of the cluster has devices for "
+                               f"{claim.to_dict()} (NVIDIA DRA ResourceSlices)")
 
-    async def _create_held(self, name: str, claim: Mapping[str, Json], labels: Mapping[str, str],
+    async def _create_held(self, name: str, claim: Claim, labels: Mapping[str, str],
                            node: str | None) -> None:
         """The claim first, then its holder; a holder refused takes its claim with it."""
         await self._gone(name)
         async with translated():
             await self.client.create(cast(ResourceClaim, ResourceClaim.from_dict(
-                k.claim_object(name, self.namespace, claim, labels))))
+                k.claim_object(name, self.namespace, claim, self.sharing, labels))))
         try:
             async with translated():
                 await self.client.create(cast(Pod, Pod.from_dict(

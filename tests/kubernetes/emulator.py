@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import aiohttp.web
 from kmock import KubernetesEmulator, ResourceInfo, Server, resource
+from lightkube.utils.quantity import parse_quantity
 
 T = TypeVar("T")
 NAMESPACE = "cg-test"
@@ -46,6 +47,10 @@ TEMPLATES = resource(group="resource.k8s.io", version="v1", plural="resourceclai
 KINDS = {CLAIMS: ("ResourceClaim", True), SLICES: ("ResourceSlice", False), PODS: ("Pod", True),
          NODES: ("Node", False), EVENTS: ("Event", True), PCS: ("PodCliqueSet", True),
          TEMPLATES: ("ResourceClaimTemplate", True)}
+
+
+def _mib(quantity: str) -> int:
+    return int((parse_quantity(quantity) or 0) // MIB)
 
 
 def _now() -> str:
@@ -285,8 +290,7 @@ class EmulatedCluster:
         for claim in self._live(emulator, CLAIMS).values():
             for r in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []):
                 memory = (r.get("consumedCapacity") or {}).get("memory")
-                used.setdefault((r["pool"], r["device"]), []).append(
-                    int(memory.removesuffix("Mi")) if memory else None)
+                used.setdefault((r["pool"], r["device"]), []).append(_mib(memory) if memory else None)
         return used
 
     def _tainted(self, emulator: ClusterEmulator) -> set[tuple[str, str]]:
@@ -310,8 +314,8 @@ class EmulatedCluster:
                 results = []
                 for request in claim["spec"]["devices"]["requests"]:
                     exactly = request["exactly"]
-                    memory = (exactly.get("capacity") or {}).get("requests", {}).get("memory")
-                    want = int(memory.removesuffix("Mi")) if memory else None
+                    capacity = (exactly.get("capacity") or {}).get("requests", {})
+                    want = _mib(capacity["memory"]) if "memory" in capacity else None
                     fits = [d for d in free if not taken[d]] if want is None else [
                         d for d in free if None not in taken[d] and sum(taken[d]) + want <= self.memory_mib]  # type: ignore[arg-type]
                     if len(fits) < exactly.get("count", 1):
@@ -319,8 +323,8 @@ class EmulatedCluster:
                     for device in fits[:exactly.get("count", 1)]:
                         taken[device].append(want)
                         result = {"request": request["name"], "driver": DRIVER, "pool": node, "device": device}
-                        if memory:
-                            result["consumedCapacity"] = {"memory": memory}
+                        if capacity:  # KEP-5075: what the claim took of a shared device
+                            result["consumedCapacity"] = dict(capacity)
                             result["shareID"] = str(uuid.uuid4())
                         results.append(result)
                 else:

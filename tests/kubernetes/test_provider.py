@@ -19,6 +19,7 @@ from computegroups.daemon.kubernetes.cluster_errors import (
     NotSupportedByCluster,
 )
 from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider
+from tests.daemon_fixture import wait_for
 from tests.kubernetes.emulator import CLAIMS, HOLD_REASON, PODS, EmulatedCluster, write_kubeconfig
 
 T = TypeVar("T")
@@ -71,16 +72,36 @@ def test_allocate_makes_a_labelled_claim_and_a_holder_and_reads_the_allocation(
     train = claims["train-0"]
     assert train["metadata"]["labels"] == {**MANAGED, "computegroups.io/component": "train",
                                            "computegroups.io/replica": "0", "computegroups.io/scope": "per-replica"}
-    assert train["spec"]["devices"]["requests"] == [
-        {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount",
-                                     "count": 2}}]
+    # the spec `cgctl render kubernetes` gives the same claim
+    assert train["spec"] == {"devices": {"requests": [
+        {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}
     share = next(c for n, c in claims.items() if n.startswith("group-"))
-    assert share["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {"requests": {"memory": "20480Mi"}}
-    mps = share["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]
-    assert mps == {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "20480Mi",
-                                                    "defaultActiveThreadPercentage": 30}}
+    assert share["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {
+        "requests": {"memory": "20Gi", "compute": "30"}}
     holders = {p["metadata"]["name"]: p for p in cluster.objects(PODS)}
-    assert holders["train-1-holder"]["spec"]["resourceClaims"] == [{"name": "gpus", "resourceClaimName": "train-1"}]
+    assert holders["train-1-holder"]["spec"]["resourceClaims"] == [{"name": "group", "resourceClaimName": "train-1"}]
+    assert holders["train-1-holder"]["spec"]["containers"][0]["resources"] == {"claims": [{"name": "group"}]}
+
+
+def test_a_share_under_mps_is_nvidias_gpu_config_and_reads_back_the_same(
+        cluster: EmulatedCluster, kubeconfig: Path) -> None:
+    async def scenario() -> None:
+        provider = KubernetesComputeResourceProvider(kubeconfig=kubeconfig, sharing="mps", poll_s=0.02)
+        try:
+            manager = ComputeGroupManager(provider)
+            share = await manager.create_compute_group({"memory_mib": 20480, "compute_pct": 30})
+        finally:
+            await provider.close()
+        (device,) = share.devices
+        assert (device["memory_mib"], device["compute_pct"], device["whole"]) == (20480, 30, False)
+
+    asyncio.run(scenario())
+    (claim,) = cluster.objects(CLAIMS)
+    assert "capacity" not in claim["spec"]["devices"]["requests"][0]["exactly"]
+    mps = claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert mps == {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {
+        "strategy": "MPS",
+        "mpsConfig": {"defaultActiveThreadPercentage": 30, "defaultPinnedDeviceMemoryLimit": "20Gi"}}}
 
 
 def test_an_unallocated_claim_answers_a_pending_group_with_the_schedulers_reason(
@@ -122,7 +143,8 @@ def test_deallocate_and_delete_remove_claim_and_holder(cluster: EmulatedCluster,
         assert missing.value.code == "not_found"
 
     on_cluster(kubeconfig, scenario)
-    assert cluster.objects(CLAIMS) == [] and cluster.objects(PODS) == []
+    assert cluster.objects(PODS) == []
+    wait_for(lambda: cluster.objects(CLAIMS) == [], "the claims gone once no pod uses them (their finalizer)")
 
 
 def test_a_claim_no_node_can_hold_is_refused_up_front(cluster: EmulatedCluster, kubeconfig: Path) -> None:

@@ -19,7 +19,7 @@ pytest.importorskip("kmock", reason="the emulated cluster needs kmock: pip insta
 
 from computegroups.daemon.client import ComputeGroupManager, LocalComputeResourceProvider
 from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider
-from tests.daemon_fixture import Cgd
+from tests.daemon_fixture import Cgd, wait_for
 from tests.kubernetes.emulator import CLAIMS, PODS, EmulatedCluster
 
 pytestmark = pytest.mark.slow
@@ -57,4 +57,5 @@ def test_the_client_example_holds_the_same_groups_on_cgd_and_on_a_cluster(
     assert remote == local
     for out in (local_out, remote_out):
         assert "refused as expected (unsatisfiable)" in out and out.endswith("released\n")
-    assert cluster.objects(CLAIMS) == [] and cluster.objects(PODS) == []
+    assert cluster.objects(PODS) == []
+    wait_for(lambda: cluster.objects(CLAIMS) == [], "the claims gone once no pod uses them (their finalizer)")
