@@ -219,9 +219,16 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         await self._check_fits(claim)
         count = int(resources.get("replicas") or 1) if scope == "per-replica" else 1
         names = [f"{component_name}-{i}" for i in range(count)]
-        for i, name in enumerate(names):
-            labels = k.managed_labels(**{k.COMPONENT: component_name, k.REPLICA: str(i), k.SCOPE: scope})
-            await self._create_held(name, claim, labels, None)
+        made: list[str] = []
+        try:
+            for i, name in enumerate(names):
+                labels = k.managed_labels(**{k.COMPONENT: component_name, k.REPLICA: str(i), k.SCOPE: scope})
+                await self._create_held(name, claim, labels, None)
+                made.append(name)
+        except BaseException:  # a refused replica takes the ones made before it: all or nothing, as on cgd
+            for name in made:
+                await self._delete_held(name)
+            raise
         groups = await self._wait_allocated(names, self.allocation_timeout_s)
         component = k.component_document(component_name, groups)
         if component["state"] == "scheduling" and resources.get("wait"):

@@ -260,3 +260,28 @@ def test_a_name_freed_a_moment_ago_can_be_allocated_again(cluster: EmulatedClust
         assert (await again).allocation_state == "allocated"
 
     on_cluster(kubeconfig, scenario)
+
+
+def test_a_replica_the_api_server_refuses_takes_the_ones_made_before_it(
+        cluster: EmulatedCluster, kubeconfig: Path) -> None:
+    """Someone else's claim holds the name of replica 1: the allocation fails whole."""
+    async def scenario(m: ComputeGroupManager) -> None:
+        await m.allocate_compute_group("other", {"gpus": 1})
+        cluster.call(lambda: claim_like(cluster, "other-0", "web-1"))
+        with pytest.raises(ClusterError) as taken:
+            await m.allocate_compute_group("web", {"gpus": 1}, {"replicas": 2})
+        assert taken.value.code == "conflict"
+
+    on_cluster(kubeconfig, scenario)
+    wait_for(lambda: sorted(c["metadata"]["name"] for c in cluster.objects(CLAIMS)) == ["other-0", "web-1"],
+             "only the claims that were there before")
+    assert sorted(p["metadata"]["name"] for p in cluster.objects(PODS)) == ["other-0-holder"]
+
+
+async def claim_like(cluster: EmulatedCluster, old: str, new: str) -> None:
+    """A claim named `new` that is not computegroups' (no labels), beside `old`."""
+    assert cluster.emulator is not None
+    async with cluster.emulator._lock:
+        found = next(o for (r, _, name), o in cluster.emulator.objects.items() if r == CLAIMS and name == old)
+        copy = {**found.raw, "metadata": {"name": new, "namespace": found.raw["metadata"]["namespace"]}}
+        cluster.emulator.objects[CLAIMS, copy["metadata"]["namespace"], new] = copy
