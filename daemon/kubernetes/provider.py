@@ -14,6 +14,7 @@ Imported only by callers that ask for a cluster: it needs lightkube, the
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -149,7 +150,12 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return answer
 
     def _taint_resource(self, version: str) -> Any:
-        return create_global_resource("resource.k8s.io", version, "DeviceTaintRule", "devicetaintrules")
+        """lightkube's typed DeviceTaintRule of that version where its models have one, else a generic one."""
+        try:
+            module = importlib.import_module(f"lightkube.resources.resource_{version}")
+            return module.DeviceTaintRule
+        except (ImportError, AttributeError):
+            return create_global_resource("resource.k8s.io", version, "DeviceTaintRule", "devicetaintrules")
 
     async def _rules(self) -> list[dict[str, Json]]:
         version = await self.taint_rule_version()
