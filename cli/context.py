@@ -15,3 +15,7 @@ class CliContext(NamedTuple):
     socket: str | None = None
     simulate: str | None = None
     json: bool = False
+    kubernetes: bool = False
+    """`--kubernetes`: apply/get/delete/list go to a cluster (`context`, `namespace`), not to cgd."""
+    context: str | None = None
+    namespace: str | None = None

@@ -30,6 +30,7 @@ COMMANDS = {
     "list": "status:list_components",
     "logs": "logs:logs",
     "release": "release:release",
+    "render": "kubernetes_render:render",
     "reserve": "allocate:reserve",
     "restart": "release:restart",
     "run": "run:run",
@@ -40,6 +41,13 @@ COMMANDS = {
     "wait": "wait:wait",
 }
 """Command name -> `module:attribute` under computegroups.cli."""
+KUBERNETES_COMMANDS = {
+    "apply": "kubernetes_cmds:apply",
+    "delete": "kubernetes_cmds:delete",
+    "get": "kubernetes_cmds:get",
+    "list": "kubernetes_cmds:list_groups",
+}
+"""The same commands on a cluster, with `--kubernetes` (the client's Kubernetes provider, not cgd)."""
 
 
 class Cgctl(click.Group):
@@ -57,6 +65,11 @@ class Cgctl(click.Group):
         target = COMMANDS.get(cmd_name)
         if target is None:
             return None
+        if ctx.params.get("kubernetes"):
+            if cmd_name not in KUBERNETES_COMMANDS:
+                raise click.UsageError(f"{cmd_name}: not a --kubernetes command (those are "
+                                       f"{', '.join(sorted(KUBERNETES_COMMANDS))})")
+            target = KUBERNETES_COMMANDS[cmd_name]
         module, attribute = target.split(":")
         command: click.Command = getattr(importlib.import_module(f"computegroups.cli.{module}"), attribute)
         return command
@@ -75,11 +88,19 @@ class Cgctl(click.Group):
               help="Use a simulated machine instead of NVML: a shipped name or a machine file "
                    "(env CG_SIMULATE).")
 @click.option("--json", "json_output", is_flag=True, help="Print JSON instead of text.")
+@click.option("--kubernetes", is_flag=True,
+              help="apply, get, delete and list on a Kubernetes cluster (kubeconfig as kubectl finds it).")
+@click.option("--context", metavar="NAME", help="With --kubernetes: the kubeconfig context.")
+@click.option("--namespace", metavar="NS", help="With --kubernetes: the namespace (default: the context's).")
 @click.version_option(__version__, prog_name="cgctl")
 @click.pass_context
-def cli(ctx: click.Context, socket: str | None, simulate: str | None, json_output: bool) -> None:
+def cli(ctx: click.Context, socket: str | None, simulate: str | None, json_output: bool, kubernetes: bool,
+        context: str | None, namespace: str | None) -> None:
     """Allocate GPUs and run workloads on them through cgd."""
-    ctx.obj = CliContext(socket=socket, simulate=simulate or None, json=json_output)
+    if (context or namespace) and not kubernetes:
+        raise click.UsageError("--context and --namespace go with --kubernetes")
+    ctx.obj = CliContext(socket=socket, simulate=simulate or None, json=json_output, kubernetes=kubernetes,
+                         context=context, namespace=namespace)
 
 
 def main() -> None:

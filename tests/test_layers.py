@@ -20,6 +20,7 @@ FOLDERS = {"daemon": "computegroups.daemon", "topology": "computegroups.topology
 LAYERS = [
     ("topology", ["computegroups.topology"]),
     ("model", ["computegroups.daemon.model"]),
+    ("kubernetes", ["computegroups.daemon.kubernetes"]),
     ("placement", ["computegroups.daemon.placement"]),
     ("statefiles", ["computegroups.statefiles"]),
     ("paths", ["computegroups.daemon.paths", "computegroups.daemon.sdnotify"]),
@@ -33,7 +34,8 @@ CLIENT = ["computegroups.daemon.client"]
 """The Python client talks to cgd's socket: it may use paths (to find it), never the daemon's layers."""
 CLI = ["computegroups.cli"]
 """cgctl talks to cgd through the client; it may read topology (`cgctl topo`) and use the model's
-rules for what it sends (sizes), never the daemon's layers."""
+rules for what it sends (sizes), and render or apply Kubernetes manifests (daemon/kubernetes), never
+the daemon's layers."""
 
 
 def module_name(path: Path) -> str:
@@ -85,7 +87,8 @@ def test_imports_run_downhill(path: Path) -> None:
             if not (under(name, CLIENT) or name == "computegroups.daemon.paths"):
                 uphill.append(f"line {line}: {name} (the client only talks to the socket)")
         elif under(me, CLI):
-            if not (under(name, CLI + CLIENT + ["computegroups.topology", "computegroups.daemon.model"])
+            if not (under(name, CLI + CLIENT + ["computegroups.topology", "computegroups.daemon.model",
+                                                "computegroups.daemon.kubernetes"])
                     or name == "computegroups.daemon.paths"):
                 uphill.append(f"line {line}: {name} (cgctl talks to cgd's socket, not to the daemon's layers)")
         elif mine is not None:

@@ -20,6 +20,13 @@ def _by_index(gpus: Iterable[Mapping[str, Json]]) -> dict[int, Mapping[str, Json
     return {g["index"]: g for g in gpus}
 
 
+def _on_node(docs: Iterable[Mapping[str, Json]], node: str | None) -> list[Mapping[str, Json]]:
+    """The documents of one node. A provider with several (Kubernetes) names each GPU's and
+    group's `node` (None: a group not placed yet, on no node); cgd's documents have no `node`,
+    and all are of its one machine."""
+    return [d for d in docs if node is None or "node" not in d or d["node"] == node]
+
+
 def _usage(gpus: Sequence[Mapping[str, Json]]) -> dict[str, float | None]:
     """What is handed out and what NVML measured, under separate keys, as fractions (0 to 1).
 
@@ -70,7 +77,7 @@ class ComputeGroup:
     @classmethod
     def from_documents(cls, group: Mapping[str, Json],
                        gpus: Iterable[Mapping[str, Json]] = ()) -> ComputeGroup:
-        return cls(group, _by_index(gpus))
+        return cls(group, _by_index(_on_node(gpus, group.get("node"))))
 
     @property
     def id(self) -> str:
@@ -133,11 +140,17 @@ class ComputeGroup:
 
 @dataclass(frozen=True)
 class ComputeNode:
-    """One machine and the groups on it; cgd manages exactly one."""
+    """One machine and the groups on it; cgd manages exactly one, a cluster one per GPU node."""
 
     machine: Mapping[str, Json]
     gpus: Sequence[Mapping[str, Json]]
     compute_groups: Sequence[ComputeGroup]
+
+    def __post_init__(self) -> None:
+        """Given a whole cluster's GPUs and groups, keep this node's (by their `node`)."""
+        object.__setattr__(self, "gpus", _on_node(self.gpus, self.id))
+        mine = {id(d) for d in _on_node([g.document for g in self.compute_groups], self.id)}
+        object.__setattr__(self, "compute_groups", [g for g in self.compute_groups if id(g.document) in mine])
 
     @property
     def id(self) -> str:

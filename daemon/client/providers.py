@@ -1,8 +1,9 @@
 """Where compute comes from: one provider per environment.
 
-`ComputeGroupManager` speaks only to this interface, so a Kubernetes provider
-can later sit beside the local one without the manager or its callers
-changing. The seed's four operations are kept; the group-level ones below
+`ComputeGroupManager` speaks only to this interface, so the Kubernetes
+provider (computegroups.daemon.kubernetes.provider, an optional extra this
+package never imports) sits beside the local one without the manager or its
+callers changing. The seed's four operations are kept; the group-level ones below
 them are what the manager needs to offer the seed's group API.
 
 Providers deal in plain documents shaped as in docs/api.md (Group,

@@ -1,4 +1,4 @@
-"""Allocate, inspect and free compute groups from Python through cgd.
+"""Allocate, inspect and free compute groups from Python, on any provider.
 
 Run it against a daemon on a simulated machine:
 
@@ -6,20 +6,31 @@ Run it against a daemon on a simulated machine:
     python docs/examples/client_example.py /tmp/cg.sock
 
 Without an argument it uses the default socket (`$CG_SOCKET`, else the
-user or system socket), like `cgctl`.
+user or system socket), like `cgctl`. `run(manager)` is the example itself:
+the same steps on a cluster take a manager over the Kubernetes provider
+(docs/client.md):
+
+    from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider
+    asyncio.run(run(ComputeGroupManager(KubernetesComputeResourceProvider())))
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
-from computegroups.daemon.client import CgdError, ComputeGroupManager, LocalComputeResourceProvider
+from computegroups.daemon.client import CgdError, ComputeGroup, ComputeGroupManager, LocalComputeResourceProvider
 
 
-async def main(socket_path: str | None) -> None:
-    manager = ComputeGroupManager(LocalComputeResourceProvider(socket_path))
+def shape(group: ComputeGroup) -> dict[str, Any]:
+    """What a group is, whatever the provider: its owner, its devices and their shares."""
+    return {"component": group.component,
+            "devices": sorted((d.get("memory_mib"), d.get("compute_pct")) for d in group.devices)}
 
+
+async def run(manager: ComputeGroupManager) -> list[dict[str, Any]]:
+    """The example's steps; answers the shapes of the groups it held, to compare providers by."""
     (node,) = await manager.list_compute_nodes()
     print(f"node {node.id}: {node.resources['gpus']} GPUs, {node.resources['memory_mib'] // 1024} GiB")
 
@@ -39,6 +50,7 @@ async def main(socket_path: str | None) -> None:
 
     summary = await manager.get_allocation_summary()
     print(f"allocated {summary['memory_allocated_mib'] // 1024} of {summary['memory_mib'] // 1024} GiB")
+    held = sorted((shape(g) for g in await manager.list_compute_groups()), key=repr)
 
     try:
         await manager.allocate_compute_group("example-huge", {"gpus": 64})
@@ -48,6 +60,11 @@ async def main(socket_path: str | None) -> None:
     await manager.deallocate_compute_group(group.id)  # frees the whole component
     await manager.delete_compute_group(share.id)
     print("released")
+    return held
+
+
+async def main(socket_path: str | None) -> None:
+    await run(ComputeGroupManager(LocalComputeResourceProvider(socket_path)))
 
 
 if __name__ == "__main__":

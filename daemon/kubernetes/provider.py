@@ -1,0 +1,415 @@
+"""`KubernetesComputeResourceProvider`: the manager's API on a cluster, through DRA.
+
+A group is a `ResourceClaim` (resource.k8s.io/v1) labelled
+`app.kubernetes.io/managed-by: computegroups`, with a holder pod that uses
+it: the scheduler allocates only claims that a pod references, so the
+holder is the cluster's form of cgd's reservation. Devices are what the
+scheduler wrote in `status.allocation`; nothing of the allocation is kept
+here, every answer is read from the API server.
+
+Imported only by callers that ask for a cluster: it needs lightkube, the
+`kubernetes` extra (`pip install 'computegroups[kubernetes]'`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, cast
+
+import httpx2
+from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube.core.generic_client import BasicRequest
+from lightkube.generic_resource import create_global_resource
+from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+from computegroups.daemon.client.providers import GROUP_FILTERS, ComputeResourceProvider
+from computegroups.daemon.kubernetes import cluster_objects as k
+from computegroups.daemon.kubernetes.cluster_errors import ClusterError, ClusterUnreachable, NotSupportedByCluster
+from computegroups.daemon.kubernetes.render_claims import SHARINGS
+from computegroups.daemon.model.claims import Claim
+
+Json = Any
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+FIELD_MANAGER = "computegroups"
+TAINT_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
+"""resource.k8s.io versions that may serve DeviceTaintRule, newest first (alpha in 1.33, v1 later)."""
+CODES = {400: "bad_request", 403: "forbidden", 404: "not_found", 409: "conflict", 422: "bad_request"}
+"""The API server's statuses as docs/api.md's error codes."""
+ALLOCATE_KEYS = frozenset({"claim", "replicas", "scope", "wait"})
+
+
+def load_config(kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> Any:
+    """The kubeconfig as kubectl finds it (in-cluster, `$KUBECONFIG`, `~/.kube/config`), at `context`."""
+    try:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig is not None else KubeConfig.from_env()
+        return config.get(context)
+    except ConfigError as exc:
+        raise ClusterUnreachable(f"no usable kubeconfig: {exc}") from None
+    except OSError as exc:
+        raise ClusterUnreachable(f"cannot read the kubeconfig: {exc.strerror or exc}") from None
+
+
+@asynccontextmanager
+async def translated() -> AsyncIterator[None]:
+    """The API server's refusals as `ClusterError`, a silent server as `ClusterUnreachable`."""
+    try:
+        yield
+    except ApiError as exc:
+        status = exc.status.code or exc.response.status_code
+        raise ClusterError(status, CODES.get(status, "cluster_error"), exc.status.message or str(exc)) from None
+    except httpx2.HTTPStatusError as exc:  # a Status whose Content-Type has a charset: lightkube leaves it raw
+        status = exc.response.status_code
+        try:
+            message = str(exc.response.json().get("message") or exc.response.reason_phrase)
+        except ValueError:
+            message = exc.response.reason_phrase
+        raise ClusterError(status, CODES.get(status, "cluster_error"), message) from None
+    except httpx2.TransportError as exc:
+        raise ClusterUnreachable(f"cannot reach the cluster's API server: {exc or type(exc).__name__}") from None
+
+
+class KubernetesComputeResourceProvider(ComputeResourceProvider):
+    """A cluster with NVIDIA's DRA driver, one namespace of it.
+
+    `client`: a lightkube `AsyncClient` (tests, or a caller with its own);
+    without one, the kubeconfig at `kubeconfig`/`context` as kubectl finds it.
+    `allocation_timeout_s`: how long an allocation waits for the scheduler
+    before answering a pending group with the scheduler's reason.
+    `sharing`: how a share is claimed, as in `cgctl render kubernetes`:
+    `dra` (consumable capacity) or `mps` (NVIDIA's MPS `GpuConfig`).
+    """
+
+    def __init__(self, client: AsyncClient | None = None, *, namespace: str | None = None,
+                 context: str | None = None, kubeconfig: str | os.PathLike[str] | None = None,
+                 allocation_timeout_s: float = 60.0, holder_image: str = PAUSE_IMAGE,
+                 sharing: str = "dra", poll_s: float = 0.2) -> None:
+        if sharing not in SHARINGS:
+            raise ValueError(f"sharing: must be one of {', '.join(SHARINGS)}, got {sharing!r}")
+        if client is None:
+            client = AsyncClient(config=load_config(kubeconfig, context), namespace=namespace,
+                                 field_manager=FIELD_MANAGER)
+        self.client = client
+        self.namespace: str = namespace or client.namespace
+        self.allocation_timeout_s = allocation_timeout_s
+        self.holder_image = holder_image
+        self.sharing = sharing
+        self.poll_s = poll_s
+        self._taint_asked = False
+        self._taint_version: str | None = None
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # -- reading the cluster ---------------------------------------------------
+
+    async def _list(self, res: Any, *, namespaced: bool = True,
+                    labels: Mapping[str, str] | None = None) -> list[dict[str, Json]]:
+        async with translated():
+            found = self.client.list(res, namespace=self.namespace if namespaced else None,
+                                     labels=dict(labels) if labels else None)
+            return [o.to_dict() async for o in found]
+
+    async def _devices(self) -> dict[tuple[str, str], dict[str, Json]]:
+        return k.slice_devices(await self._list(ResourceSlice, namespaced=False))
+
+    async def _claims(self, **labels: str) -> list[dict[str, Json]]:
+        """Ours, and not on their way out (a claim being deleted waits for its finalizer)."""
+        found = await self._list(ResourceClaim, labels=k.selector(**labels))
+        return [c for c in found if (c.get("metadata") or {}).get("labels", {}).get(k.MANAGED_BY) == k.MANAGER
+                and not c["metadata"].get("deletionTimestamp")]
+
+    async def taint_rule_version(self) -> str | None:
+        """The resource.k8s.io version that serves DeviceTaintRule, by API discovery; None if none does."""
+        if not self._taint_asked:
+            self._taint_asked = True
+            for version in TAINT_VERSIONS:
+                async with translated():
+                    answer = await self._discover(f"/apis/resource.k8s.io/{version}")
+                if any(r.get("name") == "devicetaintrules" for r in (answer or {}).get("resources") or []):
+                    self._taint_version = version
+                    break
+        return self._taint_version
+
+    async def _discover(self, path: str) -> dict[str, Json] | None:
+        """One discovery document, None where the server does not serve the path.
+
+        lightkube has typed calls for objects, not for discovery documents, so
+        this sends through its client (same config, auth and TLS)."""
+        generic = self.client._client
+        response = await generic.send(generic.build_adapter_request(BasicRequest(method="GET", url=path)))
+        if response.status_code == 404:
+            return None
+        generic.raise_for_status(response)
+        answer: dict[str, Json] = response.json()
+        return answer
+
+    def _taint_resource(self, version: str) -> Any:
+        """lightkube's typed DeviceTaintRule of that version where its models have one, else a generic one."""
+        try:
+            module = importlib.import_module(f"lightkube.resources.resource_{version}")
+            return module.DeviceTaintRule
+        except (ImportError, AttributeError):
+            return create_global_resource("resource.k8s.io", version, "DeviceTaintRule", "devicetaintrules")
+
+    async def _rules(self) -> list[dict[str, Json]]:
+        version = await self.taint_rule_version()
+        if version is None:
+            return []
+        return await self._list(self._taint_resource(version), namespaced=False, labels=k.selector())
+
+    async def _reasons(self, claims: Sequence[Mapping[str, Json]]) -> dict[str, str | None]:
+        """Why each unallocated claim waits, from its holder pod and the pod's events."""
+        waiting = [c["metadata"]["name"] for c in claims if not (c.get("status") or {}).get("allocation")]
+        if not waiting:
+            return {}
+        pods = {p["metadata"]["name"]: p for p in await self._list(Pod, labels=k.selector())}
+        async with translated():
+            events = [e.to_dict() async for e in self.client.list(
+                Event, namespace=self.namespace, fields={"involvedObject.kind": "Pod"})]
+        reasons = {}
+        for name in waiting:
+            holder = k.holder_name(name)
+            mine = [e for e in events if (e.get("involvedObject") or {}).get("name") == holder]
+            reasons[name] = k.pod_reason(pods.get(holder), mine)
+        return reasons
+
+    async def _groups(self, claims: Sequence[Mapping[str, Json]]) -> list[dict[str, Json]]:
+        devices, rules, reasons = await asyncio.gather(self._devices(), self._rules(), self._reasons(claims))
+        drained, _ = k.drained_devices(rules)
+        groups = []
+        for c in claims:
+            name = c["metadata"]["name"]
+            group = k.group_document(c, devices, name in drained, reasons.get(name))
+            group["warnings"] = k.check_claim(group["claim"])
+            groups.append(group)
+        return sorted(groups, key=lambda g: g["id"])
+
+    # -- ComputeResourceProvider ---------------------------------------------
+
+    async def discover_resources(self) -> dict[str, Json]:
+        nodes, devices = await asyncio.gather(self._list(Node, namespaced=False), self._devices())
+        return {"nodes": k.machines(nodes, devices)}
+
+    async def get_resource_state(self) -> dict[str, Json]:
+        devices, claims, rules = await asyncio.gather(self._devices(), self._claims(), self._rules())
+        groups = await self._groups(claims)
+        _, covered = k.drained_devices(rules)
+        return {"node": self.client.config.context_name or "cluster",
+                "gpus": k.gpu_statuses(devices, groups, covered), "lost_groups": []}
+
+    async def allocate_resources(self, component_name: str, resources: Mapping[str, Json]) -> dict[str, Json]:
+        """Claims (one per replica, or one for `scope: all-replicas`) and their holders.
+
+        Answers the Component once the scheduler has allocated every claim,
+        or after `allocation_timeout_s` in state `scheduling` with the
+        scheduler's reason (`pending` with `wait`: the manager then waits,
+        as it waits for cgd's queue)."""
+        extra = sorted(set(resources) - ALLOCATE_KEYS)
+        if extra:
+            raise ValueError(f"{extra[0]}: not supported by the Kubernetes provider, which only allocates "
+                             "(run work on a cluster as a deployment: cgctl --kubernetes apply)")
+        if "claim" not in resources:
+            raise ValueError("claim: required by the Kubernetes provider (no share_with or shadow_of)")
+        claim = self._checked(resources["claim"])
+        scope = resources.get("scope") or "per-replica"
+        if scope not in ("per-replica", "all-replicas"):
+            raise ValueError(f"scope: must be per-replica or all-replicas, got {scope!r}")
+        if await self._claims(**{k.COMPONENT: component_name}):
+            raise ClusterError(409, "conflict", f"component {component_name} already exists")
+        await self._check_fits(claim)
+        count = int(resources.get("replicas") or 1) if scope == "per-replica" else 1
+        names = [f"{component_name}-{i}" for i in range(count)]
+        made: list[str] = []
+        try:
+            for i, name in enumerate(names):
+                labels = k.managed_labels(**{k.COMPONENT: component_name, k.REPLICA: str(i), k.SCOPE: scope})
+                await self._create_held(name, claim, labels, None)
+                made.append(name)
+        except BaseException:  # a refused replica takes the ones made before it: all or nothing, as on cgd
+            for name in made:
+                await self._delete_held(name)
+            raise
+        groups = await self._wait_allocated(names, self.allocation_timeout_s)
+        component = k.component_document(component_name, groups)
+        if component["state"] == "scheduling" and resources.get("wait"):
+            component["state"] = "pending"
+        return component
+
+    def _checked(self, claim: Mapping[str, Json]) -> Claim:
+        """The claim as cgd would read it (same model, same refusals), then what has no cluster form."""
+        normal = Claim.from_dict(dict(claim))
+        k.check_claim(normal.to_dict())
+        return normal
+
+    async def _check_fits(self, claim: Claim) -> None:
+        if not k.fits_somewhere(claim.to_dict(), await self._devices()):
+            raise ClusterError(422, "unsatisfiable", f"no node of the cluster has devices for "
+                               f"{claim.to_dict()} (NVIDIA DRA ResourceSlices)")
+
+    async def _create_held(self, name: str, claim: Claim, labels: Mapping[str, str],
+                           node: str | None) -> None:
+        """The claim first, then its holder; a holder refused takes its claim with it."""
+        await self._gone(name)
+        async with translated():
+            await self.client.create(cast(ResourceClaim, ResourceClaim.from_dict(
+                k.claim_object(name, self.namespace, claim, self.sharing, labels))))
+        try:
+            async with translated():
+                await self.client.create(cast(Pod, Pod.from_dict(
+                    k.holder_object(name, self.namespace, self.holder_image, labels, node))))
+        except BaseException:
+            await self._delete_held(name)
+            raise
+
+    async def _gone(self, name: str) -> None:
+        """Wait until a claim of that name being deleted is gone. An allocated claim keeps its
+        delete-protection finalizer until no pod uses it, so a name freed a moment ago may still
+        be taken; a claim that is not on its way out is left to `create` to refuse."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.allocation_timeout_s
+        while True:
+            try:
+                async with translated():
+                    found = (await self.client.get(ResourceClaim, name, namespace=self.namespace)).to_dict()
+            except ClusterError as exc:
+                if exc.code == "not_found":
+                    return
+                raise
+            if not found["metadata"].get("deletionTimestamp"):
+                return
+            if loop.time() >= deadline:
+                raise ClusterError(409, "conflict", f"claim {name} is still being deleted: try again")
+            await asyncio.sleep(self.poll_s)
+
+    async def _delete_held(self, name: str) -> bool:
+        """Delete the holder, the claim and the group's taint rules; False when the claim was not there."""
+        found = True
+        for res, obj in ((Pod, k.holder_name(name)), (ResourceClaim, name)):
+            try:
+                async with translated():
+                    await self.client.delete(res, obj, namespace=self.namespace, grace_period=0)
+            except ClusterError as exc:
+                if exc.code != "not_found":
+                    raise
+                found = found and res is not ResourceClaim
+        version = await self.taint_rule_version()
+        if version is not None:
+            rule = self._taint_resource(version)
+            for r in await self._list(rule, namespaced=False, labels=k.selector(**{k.GROUP: name})):
+                async with translated():
+                    await self.client.delete(rule, r["metadata"]["name"])
+        return found
+
+    async def _wait_allocated(self, names: Sequence[str], timeout: float | None) -> list[dict[str, Json]]:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            claims = [c for c in await self._claims() if c["metadata"]["name"] in names]
+            done = all((c.get("status") or {}).get("allocation") for c in claims)
+            if done or (deadline is not None and loop.time() >= deadline):
+                return await self._groups(claims)
+            await asyncio.sleep(self.poll_s)
+
+    async def deallocate_resources(self, component_name: str, resource_ids: Sequence[str]) -> bool:
+        """Each group is a claim of its own, so some of a component's groups may go alone."""
+        owned = {c["metadata"]["name"] for c in await self._claims(**{k.COMPONENT: component_name})}
+        if not owned:
+            return False
+        missing = set(resource_ids) - owned
+        if missing:
+            raise ValueError(f"{', '.join(sorted(missing))}: not groups of {component_name}")
+        for name in sorted(resource_ids or owned):
+            await self._delete_held(name)
+        return True
+
+    async def list_groups(self, filters: Mapping[str, Json]) -> list[dict[str, Json]]:
+        unknown = sorted(set(filters) - set(GROUP_FILTERS))
+        if unknown:
+            raise ValueError(f"unknown filter {unknown[0]!r}: use {', '.join(GROUP_FILTERS)}")
+        labels = {k.COMPONENT: str(filters["component"])} if filters.get("component") else {}
+        groups = await self._groups(await self._claims(**labels))
+        if filters.get("state"):
+            groups = [g for g in groups if g["state"] == filters["state"]]
+        if filters.get("gpu") is not None:
+            groups = [g for g in groups if int(filters["gpu"]) in {d["index"] for d in g["devices"]}]
+        return groups
+
+    async def _claim(self, group_id: str) -> dict[str, Json]:
+        try:
+            async with translated():
+                claim: dict[str, Json] = (await self.client.get(
+                    ResourceClaim, group_id, namespace=self.namespace)).to_dict()
+        except ClusterError as exc:
+            if exc.code == "not_found":
+                raise ClusterError(404, "not_found", f"no group {group_id} in namespace {self.namespace}") from None
+            raise
+        if (claim.get("metadata") or {}).get("labels", {}).get(k.MANAGED_BY) != k.MANAGER:
+            raise ClusterError(404, "not_found", f"{group_id} is a ResourceClaim computegroups did not make")
+        return claim
+
+    async def get_group(self, group_id: str) -> dict[str, Json]:
+        (group,) = await self._groups([await self._claim(group_id)])
+        return group
+
+    async def create_group(self, claim: Mapping[str, Json], node_id: str | None) -> dict[str, Json]:
+        normal = self._checked(claim)
+        await self._check_fits(normal)
+        name = f"group-{secrets.token_hex(4)}"
+        await self._create_held(name, normal, k.managed_labels(), node_id)
+        (group,) = await self._wait_allocated([name], self.allocation_timeout_s)
+        return group
+
+    async def delete_group(self, group_id: str) -> bool:
+        try:
+            claim = await self._claim(group_id)
+        except ClusterError as exc:
+            if exc.code == "not_found":
+                return False
+            raise
+        owner = claim["metadata"].get("labels", {}).get(k.COMPONENT)
+        if owner:
+            raise ClusterError(409, "conflict", f"{group_id} belongs to component {owner}: deallocate that")
+        return await self._delete_held(group_id)
+
+    async def drain_group(self, group_id: str) -> dict[str, Json]:
+        """A NoSchedule DeviceTaintRule per device of the group: the scheduler puts nothing new there."""
+        version = await self.taint_rule_version()
+        if version is None:
+            raise NotSupportedByCluster(
+                "drain is not supported by this cluster: it serves no DeviceTaintRule in resource.k8s.io "
+                "(enable the DRADeviceTaints feature gate), and a mark the scheduler does not read would "
+                "drain nothing")
+        group = await self.get_group(group_id)
+        if not group["devices"]:
+            raise ClusterError(409, "conflict", f"{group_id} has no devices yet: {group['explanation']}")
+        rule = self._taint_resource(version)
+        for i, device in enumerate(group["devices"]):
+            doc = k.taint_rule_object(f"{group_id}-drain-{i}", group_id, device, f"resource.k8s.io/{version}")
+            async with translated():
+                await self.client.apply(rule.from_dict(doc), field_manager=FIELD_MANAGER, force=True)
+        return await self.get_group(group_id)
+
+    async def list_components(self) -> list[dict[str, Json]]:
+        per: dict[str, list[dict[str, Json]]] = {}
+        for g in await self._groups(await self._claims()):
+            if g["owner"]:
+                per.setdefault(g["owner"], []).append(g)
+        return [k.component_document(name, groups) for name, groups in sorted(per.items())]
+
+    async def wait_component(self, component_name: str, until: str, timeout: float | None) -> dict[str, Json]:
+        if until != "placed":
+            raise ValueError(f"until={until!r}: the Kubernetes provider runs no jobs; only 'placed' is waited for")
+        names = [c["metadata"]["name"] for c in await self._claims(**{k.COMPONENT: component_name})]
+        if not names:
+            raise ClusterError(404, "not_found", f"no component {component_name} in namespace {self.namespace}")
+        groups = await self._wait_allocated(names, timeout)
+        component = k.component_document(component_name, groups)
+        if component["state"] != "allocated":
+            raise TimeoutError(f"{component_name} was not placed within {timeout:g}s: {component['explanation']}")
+        return component
