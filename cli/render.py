@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -109,8 +110,9 @@ def component_text(c: Doc, verb: str, explain: bool = False) -> list[str]:
         lines.append(
             f"  {r['index']}  {r.get('group') or '-'}  {r.get('role')}  GPU {devices_label(r.get('devices') or [])}"
             f"  CUDA_VISIBLE_DEVICES={r.get('cuda_visible_devices') or ''}  pids {pids}")
-    if explain:
-        lines.append(f"why: {c.get('explanation') or 'cgd gave no explanation'}")
+    if explain:  # placement explains itself in clauses; a terminal of 80 columns shows them whole
+        lines += textwrap.wrap(f"why: {c.get('explanation') or 'cgd gave no explanation'}", width=80,
+                               subsequent_indent="     ", break_on_hyphens=False, break_long_words=False)
     return lines
 
 

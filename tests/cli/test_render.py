@@ -57,6 +57,15 @@ def test_component_text_lists_replicas_and_explains_on_demand() -> None:
     assert not any(line.startswith("why") for line in component_text(component(), "allocated"))
 
 
+def test_a_long_explanation_is_wrapped_within_80_columns() -> None:
+    why = ("GPUs 4,7: connected over NVLink, one model on NUMA node 1; NVLink sum 2, weakest pair 2; "
+           "leaves 5,6 as a 2-link pair; PCIe closeness 2")
+    lines = component_text({**component(), "explanation": why}, "allocated", explain=True)
+    why_lines = lines[lines.index(next(line for line in lines if line.startswith("why: "))):]
+    assert len(why_lines) > 1 and all(len(line) <= 80 for line in why_lines)
+    assert " ".join(line.strip() for line in why_lines) == f"why: {why}"
+
+
 def test_list_is_a_table_with_owner_and_reservations() -> None:
     reservation = {"name": "train", "owner": {"uid": 1001, "user": "bob"}, "expires_at": None,
                    "priority": 0, "groups": [{"id": "train-0", "devices": [device(5)]}]}
