@@ -109,9 +109,15 @@ GATEWAYS = {
     "pynvml": ("topology/nvml.py",),
     "circus": ("daemon/supervision/",),
     "psutil": ("daemon/supervision/", "statefiles/store.py"),
+    "lightkube": ("daemon/kubernetes/provider", "daemon/kubernetes/cluster_objects.py"),
+    "yaml": ("cli/kubernetes_render.py",),
+    "prometheus_client": ("daemon/core/instruments.py", "daemon/core/metrics.py"),
 }
-"""Who may import the libraries that reach the driver and the processes: NVML through one
-gateway, processes through supervision (and the state store, which names a stale lock's holder)."""
+"""Who may import the libraries that reach the driver, the processes, a cluster and Prometheus:
+NVML through one gateway, processes through supervision (and the state store, which names a
+stale lock's holder), the optional Kubernetes extra only in the provider (the local path never
+loads it), YAML only where cgctl writes manifests, and the metrics library only where
+cgd's metrics are defined and collected."""
 
 
 @pytest.mark.parametrize("library", sorted(GATEWAYS))
