@@ -15,7 +15,6 @@ from msgspec.structs import replace
 from computegroups.daemon.core.lost import LostWorker
 from computegroups.daemon.core.transactions import (
     StateKeeper,
-    component_or_404,
     dependents,
     hand_back_primary,
     remove_component,
@@ -29,9 +28,9 @@ from computegroups.daemon.core.workers import (
     write_role,
 )
 from computegroups.daemon.model.enums import ComponentState
-from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound
+from computegroups.daemon.model.errors import BadRequest, Conflict, NotFound, StillRunning
 from computegroups.daemon.model.refs import uses
-from computegroups.daemon.supervision.supervisor import Supervisor
+from computegroups.daemon.supervision.supervisor import Supervisor, WorkerStuck
 from computegroups.statefiles.schema import StateDoc
 
 log = logging.getLogger("cgd.manager")
@@ -137,7 +136,7 @@ class ManagerBase:
 
         async def stop(ref: str, key: str, w) -> None:
             if self.supervisor.is_running(key) or self.supervisor.supervises(key):
-                await self.supervisor.stop_worker(key, timeout=timeout)
+                await self.supervisor.stop_worker(key, timeout=timeout, hold_if_stuck=True)
             elif w.pid and w.create_time:
                 await self.supervisor.stop_stray(w.pid, w.create_time, 10.0 if timeout is None else timeout, key)
             self.replica_states.pop(ref, None)
@@ -145,6 +144,10 @@ class ManagerBase:
         try:
             results = await asyncio.gather(*(stop(ref, key, w) for ref, key, w in keys), return_exceptions=True)
             failures = [r for r in results if isinstance(r, BaseException)]
+            stuck = [r for r in failures if isinstance(r, WorkerStuck)]
+            if stuck:
+                ref_of = {key: ref for ref, key, _ in keys}
+                raise StillRunning(_stuck_message({ref_of.get(s.key, s.key): s.pids for s in stuck}))
             if failures:
                 raise failures[0]
         finally:
@@ -246,8 +249,11 @@ class ManagerBase:
                           if n in self.doc.components and self.doc.components[n].lease_pid]
             await self.stop_workers(refs, stop_timeout)
             for name, uid in leases:  # `cgctl run`: what its command left running goes with the lease
-                await self.supervisor.end_marked({INSTANCE_VAR: self.paths.instance, "CG_COMPONENT": name}, uid,
-                                                 f"{name} (cgctl run)", 10.0 if stop_timeout is None else stop_timeout)
+                left = await self.supervisor.end_marked(
+                    {INSTANCE_VAR: self.paths.instance, "CG_COMPONENT": name}, uid, f"{name} (cgctl run)",
+                    10.0 if stop_timeout is None else stop_timeout)
+                if left:
+                    raise StillRunning(_stuck_message({f"{name} (cgctl run)": tuple(sorted(left))}))
             freed: list[str] = []
             async with self.keeper.lock:
                 present = [n for n in closure if n in self.doc.components]
@@ -293,7 +299,11 @@ class ManagerBase:
         return g
 
     def component(self, name: str) -> dict[str, Any]:
-        comp = component_or_404(self.doc, name)
+        """A component being released is shown as such: a release that stopped short (a worker
+        stuck in the kernel) leaves it `releasing`, holding its devices, until it is released again."""
+        comp = self.doc.components.get(name)
+        if comp is None:
+            raise NotFound(f"no component named {name!r}: `cgctl list` shows what exists")
         return component_view(self.doc, comp, self._pids(), self.config.device_naming, self.replica_states,
                               self._memory())
 
@@ -317,3 +327,9 @@ class ManagerBase:
             elif w.pid:
                 out[ref] = [w.pid]
         return out
+
+
+def _stuck_message(stuck: dict[str, tuple[int, ...]]) -> str:
+    who = "; ".join(f"{what}: pids {', '.join(map(str, pids))}" for what, pids in sorted(stuck.items()))
+    return (f"still running after SIGKILL (stuck in the kernel?): {who}; their devices stay held "
+            "until they are gone: try again then")

@@ -33,7 +33,7 @@ class Queries(ManagerBase):
         return [
             component_view(self.doc, c, pids, self.config.device_naming, self.replica_states, memory)
             for c in sorted(self.doc.components.values(), key=lambda c: c.name)
-            if c.state != "releasing" and (owner is None or c.owner_uid == owner)
+            if owner is None or c.owner_uid == owner
         ]
 
     def worker_pids(self) -> dict[str, list[int]]:

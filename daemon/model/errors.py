@@ -32,6 +32,14 @@ class Conflict(ManagerError):
     code = "conflict"
 
 
+class StillRunning(ManagerError):
+    """Processes of a worker outlived SIGKILL (stuck in the kernel, as in a hung driver call): the
+    operation stopped short, and the devices stay held (never two owners) until they are gone."""
+
+    status = 409
+    code = "still_running"
+
+
 class InsufficientCapacity(ManagerError):
     status = 409
     code = "insufficient_capacity"

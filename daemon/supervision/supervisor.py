@@ -286,12 +286,19 @@ class Supervisor:
                 self._forget(worker)
                 raise
 
-    async def stop_worker(self, key: str, timeout: float | None = None) -> None:
+    async def stop_worker(self, key: str, timeout: float | None = None, *, hold_if_stuck: bool = False) -> None:
         """Stop signal to the worker's process group, SIGKILL to what is left
         of the group after `timeout` (default: its stop_timeout_s); returns
-        when the whole group is gone (or stuck in the kernel for KILL_WAIT_S
-        more) and the worker forgotten. A pending restart is cancelled.
-        Unknown keys are ignored, so stopping twice is harmless."""
+        when the whole group is gone and the worker forgotten. A pending
+        restart is cancelled. Unknown keys are ignored, so stopping twice is
+        harmless.
+
+        A process stuck in the kernel (a hung driver call) outlives SIGKILL.
+        After KILL_WAIT_S more, with `hold_if_stuck` (a release: its devices
+        must not go to anyone else while the process may still use them) the
+        worker stays known and WorkerStuck names the pids, so a later stop
+        tries again; without it (a restart of the same replica, cgd's own
+        stop) the pids are logged and left to the kernel."""
         worker = self._workers.get(key)
         if worker is None:
             return
@@ -304,9 +311,11 @@ class Supervisor:
             run = worker.run
             if run is not None:
                 grace = worker.spec.stop_timeout_s if timeout is None else timeout
-                await _terminate(run.handle, run.exited, worker.spec.stop_signal, grace)
+                left = await _terminate(run.handle, run.exited, worker.spec.stop_signal, grace)
                 # what left its process group
-                await _end_leftovers(worker.spec, run.handle, self._cgroup(key), group=False)
+                left |= await _end_leftovers(worker.spec, run.handle, self._cgroup(key), group=False)
+                if left and hold_if_stuck:
+                    raise WorkerStuck(key, left)
             self._forget(worker)
             self._remove_cgroup(key)
 
@@ -350,11 +359,11 @@ class Supervisor:
             handle.close()
         return True
 
-    async def end_marked(self, marks: Mapping[str, str], uid: int, label: str, timeout: float) -> None:
+    async def end_marked(self, marks: Mapping[str, str], uid: int, label: str, timeout: float) -> set[int]:
         """Stop every process of `uid` carrying `marks` (SIGTERM, SIGKILL after `timeout`). For what a
         `cgctl run` command left when its lease ends: cgctl's child is no worker of cgd, so no cgroup
         or process group of cgd's holds it, but it and all it starts carry the marks of the
-        environment cgd gave it (`GET .../env`)."""
+        environment cgd gave it (`GET .../env`). Returns those that outlived SIGKILL."""
         def owned() -> set[int]:
             found = set()
             for pid, _, _ in marked_processes(marks):
@@ -364,7 +373,7 @@ class Supervisor:
             return found
 
         pids = await asyncio.to_thread(owned)
-        await _end_rest(label, None, pids, signals.SIGTERM, timeout)
+        return await _end_rest(label, None, pids, signals.SIGTERM, timeout)
 
     async def end_unowned(self, keep: Collection[str] = ()) -> None:
         """Kill what runs in worker cgroups no supervised worker owns (left by a worker that ended
@@ -645,7 +654,7 @@ WORKER_MARKS = ("CG_INSTANCE", "CG_COMPONENT", "CG_REPLICA")
 
 
 async def _end_leftovers(spec: WorkerSpec, handle: ProcessHandle, cgroup: Path | None, *,
-                         group: bool = True) -> None:
+                         group: bool = True) -> set[int]:
     """Stop what a worker left running when its main process ended on its own.
 
     A worker is its whole process tree: its process group, whatever carries
@@ -658,18 +667,18 @@ async def _end_leftovers(spec: WorkerSpec, handle: ProcessHandle, cgroup: Path |
     pids = set(handle.group_left()) if group else set()
     if len(marks) == len(WORKER_MARKS):
         pids |= {pid for pid, _, _ in marked_processes(marks)}
-    await _end_rest(spec.key, cgroup, pids, spec.stop_signal, spec.stop_timeout_s)
+    return await _end_rest(spec.key, cgroup, pids, spec.stop_signal, spec.stop_timeout_s)
 
 
-async def _end_rest(key: str, cgroup: Path | None, pids: set[int], stop_signal: int, grace: float) -> None:
+async def _end_rest(key: str, cgroup: Path | None, pids: set[int], stop_signal: int, grace: float) -> set[int]:
     """Stop `pids` and everything in `cgroup` (what forks meanwhile there included): `stop_signal`,
-    then SIGKILL (`cgroup.kill`) after `grace`; returns once none is left, or logs the pids that
-    survived SIGKILL for KILL_WAIT_S (stuck in the kernel)."""
+    then SIGKILL (`cgroup.kill`) after `grace`; returns once none is left (an empty set), or logs
+    and returns the pids that survived SIGKILL for KILL_WAIT_S (stuck in the kernel)."""
     def left() -> set[int]:
         return ({pid for pid in pids if start_time(pid) is not None} | cgroups.procs(cgroup)) - {os.getpid()}
 
     if not (pids := left()):
-        return
+        return set()
     log.warning("worker %s ended and left pids %s running: stopping them", key, sorted(pids))
     loop = asyncio.get_running_loop()
     for signum, wait in ((stop_signal, grace), (signals.SIGKILL, KILL_WAIT_S)):
@@ -682,25 +691,38 @@ async def _end_rest(key: str, cgroup: Path | None, pids: set[int], stop_signal: 
         while (pids := left()) and loop.time() < deadline:
             await asyncio.sleep(GROUP_POLL_S)
         if not pids:
-            return
-    log.warning("worker %s: pids %s survived SIGKILL (stuck in the kernel?): left to it", key, sorted(pids))
+            return set()
+    log.warning("worker %s: pids %s survived SIGKILL (stuck in the kernel?)", key, sorted(pids))
+    return pids
 
 
 async def _terminate(handle: ProcessHandle, exited: asyncio.Future[int | None],
-                     stop_signal: int, timeout: float) -> None:
+                     stop_signal: int, timeout: float) -> set[int]:
     """Stop the process and every process of its group within `timeout`,
     then SIGKILL what is left. A child that outlives its worker (a rank that
     ignores SIGTERM) keeps its GPU memory, and the worker's GPUs are handed
-    on once this returns: the worker has stopped only when its group has."""
+    on once this returns: the worker has stopped only when its group has.
+    Returns the pids that survived SIGKILL for KILL_WAIT_S (none, normally)."""
     handle.send_group(stop_signal)
     if await _stopped(handle, exited, timeout):
-        return
+        return set()
     log.warning("pid %d: pids %s still run %.1fs after the stop signal: SIGKILL",
                 handle.pid, _pids(handle), timeout)
     handle.send_group(signals.SIGKILL)
-    if not await _stopped(handle, exited, KILL_WAIT_S):
-        log.warning("pid %d: pids %s survived SIGKILL for %.0fs (stuck in the kernel?): left to it",
-                    handle.pid, _pids(handle), KILL_WAIT_S)
+    if await _stopped(handle, exited, KILL_WAIT_S):
+        return set()
+    log.warning("pid %d: pids %s survived SIGKILL for %.0fs (stuck in the kernel?)",
+                handle.pid, _pids(handle), KILL_WAIT_S)
+    return set(handle.group_left()) | ({handle.pid} if not exited.done() else set())
+
+
+class WorkerStuck(Exception):
+    """Processes of a worker outlived SIGKILL (stuck in the kernel): it is not stopped yet."""
+
+    def __init__(self, key: str, pids: Collection[int]) -> None:
+        super().__init__(f"{key}: pids {', '.join(map(str, sorted(pids)))} still run after SIGKILL")
+        self.key = key
+        self.pids = tuple(sorted(pids))
 
 
 async def _stopped(handle: ProcessHandle, exited: asyncio.Future[int | None], timeout: float) -> bool:

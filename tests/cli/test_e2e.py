@@ -192,7 +192,9 @@ def test_status_drain_and_undrain(cgd: Cgd) -> None:
 
 def test_explain_says_why(cgd: Cgd) -> None:
     lines = ok(cgd, "allocate", "web", "--gpus", "2", "--explain").splitlines()
-    assert lines[-1].startswith("why: ") and len(lines[-1]) > len("why: ") + 10
+    why = next(i for i, line in enumerate(lines) if line.startswith("why: "))
+    assert len(" ".join(lines[why:])) > len("why: ") + 10
+    assert all(len(line) <= 80 for line in lines[why:]), "the explanation is wrapped for a terminal"
 
 
 def test_reserve_then_allocate_takes_it(cgd: Cgd) -> None:

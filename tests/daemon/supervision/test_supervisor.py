@@ -336,6 +336,27 @@ def test_stop_worker_gives_up_on_a_group_stuck_in_the_kernel(
                for r in caplog.records)
 
 
+def test_a_stop_that_must_hold_a_stuck_worker_fails_naming_it_and_a_later_stop_ends_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release (`hold_if_stuck`) must not hand on the devices of a process that outlived
+    SIGKILL: the stop fails with its pids and the worker stays known until a stop sees it gone."""
+    stuck = 4_000_000_123
+    monkeypatch.setattr(supervisor, "KILL_WAIT_S", 0.3)
+    spec = spec_for(tmp_path, "held.0", SLEEPER)
+
+    async def body(sup: Supervisor, rec: Recorder) -> None:
+        await sup.start_worker(spec)
+        with monkeypatch.context() as kernel:
+            kernel.setattr(processes.ProcessHandle, "group_left", lambda self: [stuck])
+            with pytest.raises(supervisor.WorkerStuck, match=f"held.0: pids .*{stuck}"):
+                await sup.stop_worker("held.0", timeout=0.2, hold_if_stuck=True)
+            assert sup.keys() == ["held.0"], "kept, so that the next stop looks again"
+        await sup.stop_worker("held.0", timeout=0.2, hold_if_stuck=True)
+        assert sup.keys() == []
+
+    run_with(tmp_path, body)
+
+
 def test_restart_backs_off_then_gives_up(tmp_path: Path) -> None:
     policy = RestartPolicy(max_retries=3, backoff_s=0.05, backoff_max_s=0.15)
     spec = spec_for(tmp_path, "crash.0", "import sys\nprint('run', flush=True)\nsys.exit(3)\n", restart=policy)
