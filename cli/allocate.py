@@ -39,7 +39,7 @@ def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | Non
     """Allocate devices to component NAME; with CMD, also start its workers.
 
     Without a size flag the component takes the reservation NAME
-    (`cgctl reserve`), or the groups of --share-with / --shadow-of.
+    (`cgctl reserve`), the groups of --share-with / --shadow-of, or --group.
     A command that exits 0 is done (restarted only on failure, unless
     --restart says otherwise) and gives its devices back; `cgctl wait NAME`
     waits for it and exits with its exit code.
@@ -51,7 +51,7 @@ def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | Non
         body["detach"] = detach
     cgd = client()
     with talking():
-        if "claim" not in body and not ({"share_with", "shadow_of"} & set(body)):
+        if "claim" not in body and not ({"share_with", "shadow_of", "group"} & set(body)):
             _require_reservation(cgd, name)
         component = cgd.create_component(body)
     if component.get("state") == "pending" and not detach:

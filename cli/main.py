@@ -25,6 +25,7 @@ COMMANDS = {
     "drain": "drain:drain",
     "env": "env:env",
     "get": "deploy:get",
+    "group": "groups:group",
     "install-service": "service:install_service",
     "list": "status:list_components",
     "logs": "logs:logs",

@@ -161,6 +161,8 @@ shape_options = _stack(
 attach_options = _stack(
     click.option("--share-with", metavar="COMPONENT", help="Use that component's groups instead of a claim."),
     click.option("--shadow-of", metavar="COMPONENT", help="A warm standby on that component's groups."),
+    click.option("--group", "group", metavar="ID",
+                 help="Use this group (made by `cgctl group create`) instead of a claim."),
 )
 
 process_options = _stack(
@@ -228,12 +230,12 @@ def build_component(name: str, opts: Mapping[str, Any], command: tuple[str, ...]
     unless `--cwd` says otherwise: cgd's own directory means nothing to the
     user who typed a relative path."""
     claim = build_claim(opts)
-    attach = [f for f in ("share_with", "shadow_of") if opts.get(f)]
+    attach = [f for f in ("share_with", "shadow_of", "group") if opts.get(f)]
     if len(attach) > 1:
-        raise click.UsageError("--share-with and --shadow-of exclude each other")
+        raise click.UsageError("--share-with, --shadow-of and --group exclude each other")
     if attach and claim is not None:
         flag = "--" + attach[0].replace("_", "-")
-        raise click.UsageError(f"{flag} uses that component's groups: leave out the size and placement flags")
+        raise click.UsageError(f"{flag} uses existing groups: leave out the size and placement flags")
     body: dict[str, Json] = {"name": name}
     if claim is not None:
         body["claim"] = claim

@@ -55,6 +55,7 @@ def component_json(c: Doc) -> dict[str, Json]:
         "replicas_wanted": c.get("replicas_wanted"),
         "scope": c.get("scope"),
         "share_with": c.get("share_with"),
+        "group": c.get("group"),
         "shadow_of": c.get("shadow_of"),
         "command": c.get("command"),
         "restart": c.get("restart"),

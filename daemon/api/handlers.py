@@ -312,6 +312,11 @@ class GroupHandler(ApiHandler):
         await self.run(lambda: self.app.manager.delete_group(self.caller, gid))
 
 
+class GroupDeallocateHandler(ApiHandler):
+    async def post(self, gid: str) -> None:
+        await self.run(lambda: self.app.manager.deallocate_group(self.caller, gid))
+
+
 class GroupDrainHandler(ApiHandler):
     async def post(self, gid: str) -> None:
         await self.run(lambda: self.app.manager.drain_group(self.caller, gid))

@@ -104,6 +104,9 @@ class Endpoints(ABC, Generic[R]):
     def delete_group(self, group_id: str) -> R:
         return self.send(Request("DELETE", f"/v1/groups/{_seg(group_id)}"))
 
+    def deallocate_group(self, group_id: str) -> R:
+        return self.send(Request("POST", f"/v1/groups/{_seg(group_id)}/deallocate"))
+
     def drain_group(self, group_id: str) -> R:
         return self.send(Request("POST", f"/v1/groups/{_seg(group_id)}/drain"))
 

@@ -65,6 +65,10 @@ class ComputeResourceProvider(ABC):
         """Release a group made by `create_group`; False when it is not there."""
 
     @abstractmethod
+    async def deallocate_group(self, group_id: str) -> bool:
+        """Free one group where that means something (see docs/api.md); False when it is not there."""
+
+    @abstractmethod
     async def drain_group(self, group_id: str) -> dict[str, Json]:
         """Stop new work landing on the group's devices; answer the group."""
 
@@ -139,6 +143,15 @@ class LocalComputeResourceProvider(ComputeResourceProvider):
     async def delete_group(self, group_id: str) -> bool:
         try:
             await self.cgd.delete_group(group_id)
+        except CgdError as exc:
+            if exc.code == "not_found":
+                return False
+            raise
+        return True
+
+    async def deallocate_group(self, group_id: str) -> bool:
+        try:
+            await self.cgd.deallocate_group(group_id)
         except CgdError as exc:
             if exc.code == "not_found":
                 return False

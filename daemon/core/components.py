@@ -11,7 +11,7 @@ from typing import Any
 from msgspec.structs import replace
 
 from computegroups.daemon.core.base import log
-from computegroups.daemon.core.jobs import Jobs
+from computegroups.daemon.core.groups import Groups
 from computegroups.daemon.core.jobstate import enqueue, queued_request, replace_finished, with_default_policy
 from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
@@ -23,7 +23,9 @@ from computegroups.daemon.core.transactions import (
     new_component_records,
     remove_component,
     scale_component,
+    standalone,
 )
+from computegroups.daemon.core.views import group_deployment
 from computegroups.daemon.core.workers import (
     replica_ref,
     watcher_key,
@@ -37,7 +39,7 @@ from computegroups.daemon.supervision.workerenv import owner_env
 from computegroups.statefiles.schema import ComponentRecord
 
 
-class Components(Jobs):
+class Components(Groups):
     async def allocate(self, caller: Caller, request: ComponentRequest) -> dict[str, Any]:
         try:
             check_env(request.env, as_root=caller.is_root)  # the workers run as the caller
@@ -144,6 +146,51 @@ class Components(Jobs):
                 return self.component(name)
         finally:
             self.clear_busy(list(members))
+
+    async def deallocate_group(self, caller: Caller, gid: str) -> dict[str, Any]:
+        """Free one group where that means something, and say what it took.
+
+        A group made on its own is deleted (refused while in use); a
+        reservation's goes with its reservation; a component's per-replica
+        group goes with its replica, which is a scale-in by one when it is the
+        last replica (replicas are numbered, so a middle one cannot go alone)
+        or the component's release when it is the only one; an all-replicas
+        group is what every replica runs on, so the component is released. A
+        deployment's group is the deployment's to change.
+        """
+        async with self.keeper.lock:
+            g = self.group_record(gid)
+            check_owner(caller, g.owner_uid, f"group {gid!r}")
+            deployment = group_deployment(self.doc, g)
+            if deployment is not None:
+                raise BadRequest(f"group {gid!r} belongs to deployment {deployment!r}: change the deployment "
+                                 f"(`cgctl scale`, `cgctl apply`, `cgctl delete {deployment}`)")
+            comp = self.doc.components.get(g.owner)
+            if standalone(g):
+                action, replicas = "deleted", None
+            elif g.owner in self.doc.reservations:
+                action, replicas = "reservation released", None
+            elif comp is None:
+                raise Conflict(f"group {gid!r} belongs to {g.owner!r}, which is being released")
+            elif g.scope == Scope.PER_REPLICA and g.replica is not None and comp.replicas > 1:
+                last = comp.replicas - 1
+                if g.replica != last:
+                    raise Conflict(
+                        f"group {gid!r} is replica {g.replica} of {comp.replicas} of {comp.name!r}: replicas "
+                        f"are numbered, so only the last one ({comp.name}/{last}) can go alone; "
+                        f"scale {comp.name!r} to {g.replica} or release it")
+                action, replicas = "scaled in", last
+            else:
+                action, replicas = "component released", None
+        if action == "deleted":
+            done = await self.delete_group(caller, gid)
+        elif action == "reservation released":
+            done = await self.unreserve(caller, g.owner)
+        elif replicas is not None:
+            done = await self.scale(caller, g.owner, replicas)
+        else:
+            done = await self.release(caller, g.owner)
+        return {"deallocated": gid, "action": action, "owner": g.owner, "result": done}
 
     async def restart(self, caller: Caller, name: str, replica: int | None) -> dict[str, Any]:
         """Stop and start a component's workers (one replica, or all) with the same groups and role.

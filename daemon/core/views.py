@@ -90,6 +90,15 @@ def device_view(dev) -> dict[str, Any]:
     }
 
 
+def group_deployment(doc: StateDoc, g: GroupRecord) -> str | None:
+    """The deployment whose plan made the group: that of the components it was made for."""
+    for name in (g.owner, *(component_of(u) for u in g.users)):
+        comp = doc.components.get(name)
+        if comp is not None and comp.deployment is not None:
+            return comp.deployment
+    return None
+
+
 def group_view(doc: StateDoc, g: GroupRecord) -> dict[str, Any]:
     reservation = next((r.name for r in doc.reservations.values() if g.id in r.group_ids), None)
     return {
@@ -101,6 +110,7 @@ def group_view(doc: StateDoc, g: GroupRecord) -> dict[str, Any]:
         "exclusive_domain": list(g.exclusive_domain) if g.exclusive_domain is not None else None,
         "priority": g.priority, "created": g.created, "explanation": g.explanation,
         "reservation": reservation,
+        "deployment": group_deployment(doc, g),
     }
 
 
@@ -169,6 +179,7 @@ def component_view(
         "replicas_wanted": comp.replicas,
         "scope": spec.scope,
         "share_with": spec.share_with,
+        "group": spec.group,
         "shadow_of": comp.shadow_of,
         "deployment": comp.deployment,
         "command": list(spec.command) if spec.command is not None else None,

@@ -23,7 +23,7 @@ plain = styler(False)
 
 def test_component_json_has_the_documented_keys_only() -> None:
     doc = component_json(component())
-    assert set(doc) == {"name", "owner", "state", "replicas_wanted", "scope", "share_with", "shadow_of",
+    assert set(doc) == {"name", "owner", "state", "replicas_wanted", "scope", "share_with", "group", "shadow_of",
                         "command", "restart", "time_limit_s", "ended_at", "duration_s", "exit_code", "queue",
                         "explanation", "replicas"}
     replica = doc["replicas"][0]
