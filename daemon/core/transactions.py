@@ -438,9 +438,19 @@ def attachable_group(doc: StateDoc, caller: Caller, gid: str) -> GroupRecord:
     return g
 
 
+def check_attachable(g: GroupRecord, users: Iterable[str]) -> None:
+    """A draining (or degraded) group keeps what runs on it and takes nothing new: no new
+    component, replica, shadow or sharer attaches to it, whoever asks."""
+    new = sorted(set(users) - set(g.users))
+    if new and g.state in (GroupState.DRAINING, GroupState.DEGRADED):
+        raise Conflict(f"group {g.id!r} is {g.state}: nothing new attaches to it ({', '.join(new)}); "
+                       f"undrain it first (`cgctl group drain {g.id} --undrain`)")
+
+
 def attach_refs(doc: StateDoc, group_ids: list[str], refs: list[str]) -> None:
     for gid in group_ids:
         g = doc.groups[gid]
+        check_attachable(g, refs)
         users = tuple(sorted(set(g.users) | set(refs)))
         doc.groups[gid] = replace(g, users=users)
 

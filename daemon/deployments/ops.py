@@ -36,6 +36,7 @@ from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
     Caller,
     StateKeeper,
+    check_attachable,
     check_owner,
     drop_displaced,
     group_record,
@@ -251,6 +252,8 @@ class Deployments:
             _check_env(change.new, change.owner[0], change.source)
             _check_free(doc, name, plan, mine, held)
         diff = _diff(doc, name, plan, change.new, change.owner, change.source, mine, held)
+        for gid in diff.kept_groups:  # before any worker stops: a drained group takes no new user
+            check_attachable(doc.groups[gid], _kept_users(diff, gid))
         if diff.new_groups:
             assert diff.spec is not None, "only a deployment that stays gets new groups"
             lowest = min((diff.spec.claim(plan.groups[gid].claim) for gid in diff.new_groups),
@@ -374,6 +377,11 @@ def _instance_spec(inst: InstancePlan) -> ComponentSpec:
     return inst.component.request(inst.path, inst.shadow_of).spec()
 
 
+def _kept_users(diff: _Diff, gid: str) -> tuple[str, ...]:
+    """Who uses a group the change keeps: the plan's live users and the sharers from outside."""
+    return tuple(sorted(set(_live(diff.plan.groups[gid].users, diff)) | set(diff.foreign_users.get(gid, ()))))
+
+
 def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
     """The whole change, inside one open transaction; raises (and so changes
     nothing) when a new group does not fit."""
@@ -385,7 +393,8 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
     for gid in diff.stale_groups:
         del doc.groups[gid]
     for gid in diff.kept_groups:
-        users = tuple(sorted(set(_live(plan.groups[gid].users, diff)) | set(diff.foreign_users.get(gid, ()))))
+        users = _kept_users(diff, gid)
+        check_attachable(doc.groups[gid], users)
         if users != doc.groups[gid].users:
             doc.groups[gid] = replace(doc.groups[gid], users=users)
     batches: dict[tuple[str, str], list[str]] = {}
