@@ -65,11 +65,13 @@ def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | Non
 
 
 def _require_reservation(cgd: CgdClient, name: str) -> None:
-    """Without a claim cgd can only use a reservation; say what to type
-    before asking it, rather than relay a missing-field error."""
-    if not any(r["name"] == name for r in cgd.list_reservations()["reservations"]):
+    """Without a claim cgd can only use a reservation (or, on a machine without GPUs, run the
+    component CPU-only); say what to type before asking it, rather than relay a missing-field error."""
+    if any(r["name"] == name for r in cgd.list_reservations()["reservations"]):
+        return
+    if cgd.version()["machine"]["gpus"]:
         raise click.UsageError(
-            f"say what {name} needs: --gpus N, --memory SIZE or --mig PROFILE "
+            f"say what {name} needs: --gpus N, --memory SIZE, --mig PROFILE or --cpus N "
             f"(or `cgctl reserve {name} ...` first, or --share-with COMPONENT)")
 
 

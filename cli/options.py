@@ -134,6 +134,8 @@ claim_options = _stack(
     click.option("--compute", type=click.IntRange(1, 100), metavar="PCT",
                  help="A share of one device: percent of its SMs."),
     click.option("--mig", metavar="PROFILE", help="A MIG instance of this profile (e.g. 1g.10gb)."),
+    click.option("--cpus", type=click.IntRange(min=0), metavar="N",
+                 help="CPUs counted against the machine's; alone, a CPU-only claim (no GPU)."),
     click.option("--strategy", type=click.Choice(["binpack", "spread"]),
                  help="binpack fills used GPUs first; spread takes the emptiest."),
     click.option("--colocate", type=click.Choice([*DOMAINS, "machine", "none"]),
@@ -205,6 +207,14 @@ def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
     if opts.get("mig") is not None and len(given) > 1:
         raise click.UsageError("--mig asks for a MIG instance: leave out --memory and --compute")
     placement = {k: opts[k] for k in PLACEMENT_KEYS if opts.get(k) not in (None, ())}
+    if not given and opts.get("cpus") is not None:
+        claim_cpu: dict[str, Json] = {"cpus": opts["cpus"]}
+        if "priority" in placement:
+            claim_cpu["priority"] = placement.pop("priority")
+        if placement:
+            flag = "--" + next(iter(placement)).replace("_", "-")
+            raise click.UsageError(f"{flag} chooses among GPUs: a --cpus claim alone has none")
+        return claim_cpu
     if not given:
         if placement:
             flag = "--" + next(iter(placement)).replace("_", "-")
@@ -219,6 +229,8 @@ def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
         claim["compute_pct"] = opts["compute"]
     if opts.get("mig") is not None:
         claim["mig"] = opts["mig"]
+    if opts.get("cpus") is not None:
+        claim["cpus"] = opts["cpus"]
     for key, value in placement.items():
         claim[key] = list(value) if isinstance(value, tuple) else value
     return claim

@@ -20,7 +20,7 @@ Doc = Mapping[str, Any]
 Style = Callable[..., str]
 BAR_WIDTH = 24
 DEVICE_KEYS = ("index", "uuid", "mig_uuid", "memory_mib", "compute_pct")
-REPLICA_KEYS = ("index", "group", "groups", "role", "state", "restarts", "cuda_visible_devices", "pids",
+REPLICA_KEYS = ("index", "group", "groups", "role", "state", "restarts", "cuda_visible_devices", "cpus", "pids",
                 "started_at", "ended_at", "exit_code")
 
 
@@ -96,6 +96,11 @@ def devices_label(devices: Iterable[Doc]) -> str:
     return ",".join(device_label(d) for d in devices) or "-"
 
 
+def cpus_label(r: Doc) -> str:
+    """What a replica without a device holds: its counted CPUs, if any."""
+    return f"{r['cpus']} CPUs" if r.get("cpus") else "-"
+
+
 def owner_name(c: Doc) -> str:
     owner = c.get("owner") or {}
     return str(owner.get("user") or owner.get("uid", "?")) if isinstance(owner, Mapping) else str(owner)
@@ -130,7 +135,7 @@ def list_text(components: Sequence[Doc], reservations: Sequence[Doc]) -> list[st
             for r in c.get("replicas") or [{}]:
                 rows.append([
                     c["name"], str(r.get("index", "-")), r.get("group") or "-", r.get("role") or "-",
-                    replica_state(c, r), devices_label(r.get("devices") or []),
+                    replica_state(c, r), devices_label(r["devices"]) if r.get("devices") else cpus_label(r),
                     ",".join(str(p) for p in r.get("pids") or []) or "-", owner_name(c),
                 ])
         lines += table(["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "PIDS", "OWNER"], rows)

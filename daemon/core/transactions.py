@@ -220,6 +220,7 @@ class StateKeeper:
             exclusive_domain=frozenset(g.exclusive_domain) if g.exclusive_domain else None,
             priority=g.priority,
             reserved=g.state == GroupState.RESERVED,
+            cpus=g.claim.cpus or 0,
         )
 
     def unavailable_gpus(self, doc: StateDoc) -> set[int]:
@@ -537,6 +538,9 @@ def new_component_records(
         request = msgspec.structs.replace(
             request, claim=groups[0].claim if groups else request.claim, scope=scope)
     else:
+        if request.claim is None and not keeper.machine.gpus:
+            # Nothing to claim on a machine without GPUs: the component runs CPU-only, no CPUs counted.
+            request = msgspec.structs.replace(request, claim=Claim(cpus=0))
         if request.claim is None:
             raise BadRequest("claim: required (or share_with, shadow_of, group, or a reservation of this name)")
         check_affinity_targets(doc, request.claim)

@@ -149,6 +149,7 @@ def component_view(
                 for d in devices
             ],
             "cuda_visible_devices": cuda_visible_devices(devices, naming),
+            "cpus": sum(g.claim.cpus or 0 for g in groups),
             "pids": pids.get(ref, []),
             "memory_bytes": (memory or {}).get(ref),
             "started_at": worker.started_at if worker else None,

@@ -30,6 +30,7 @@ from computegroups.daemon.model.sizes import parse_size
 from computegroups.topology.model import DomainKind
 
 MAX_GPUS = 1024
+MAX_CPUS = 65536
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 """A component, group, reservation or deployment name: it becomes part of file names and group ids."""
@@ -142,6 +143,9 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     allow_busy: bool = False
     affinity: tuple[AffinityTerm, ...] = ()
     anti_affinity: tuple[AffinityTerm, ...] = ()
+    cpus: Annotated[int, Meta(ge=0, le=MAX_CPUS)] | None = None
+    """CPUs counted against the machine's (never oversubscribed); alone, a CPU-only claim with no
+    device at all (0: supervised, but no CPUs counted)."""
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
@@ -165,10 +169,14 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     @property
     def kind(self) -> str:
-        """`whole`, `share` or `mig`: which of the three placement paths serves it."""
+        """`whole`, `share`, `mig` or `cpu` (no device): which placement path serves it."""
         if self.gpus is not None:
             return "whole"
-        return "mig" if self.mig is not None else "share"
+        if self.mig is not None:
+            return "mig"
+        if self.memory_mib is None and self.compute_pct is None:
+            return "cpu"
+        return "share"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "claim") -> Claim:
@@ -189,13 +197,22 @@ def _enum(cls: type[Enum], value: Any, key: str, extra: tuple[str, ...]) -> Any:
         raise ValueError(f"{key}: must be one of {options}, got {value!r}") from None
 
 
+GPU_RULES = ("distinct", "colocate", "exclusive", "pool", "gpu_ids", "allow_busy", "affinity", "anti_affinity")
+"""The placement rules that choose among GPUs: a CPU-only claim has none to choose."""
+
+
 def _check_kind(c: Claim) -> None:
     share = c.memory_mib is not None or c.compute_pct is not None
     given = [name for name, on in (("gpus", c.gpus is not None), ("memory_mib/compute_pct", share),
                                    ("mig", c.mig is not None)) if on]
-    if len(given) != 1:
+    if len(given) > 1 or (not given and c.cpus is None):
         problem = "nothing claimed" if not given else f"{' and '.join(given)} do not combine"
-        raise ValueError(f": {problem}: give exactly one of gpus, memory_mib and/or compute_pct, or mig")
+        raise ValueError(f": {problem}: give exactly one of gpus, memory_mib and/or compute_pct, or mig "
+                         "(or cpus alone, for no device)")
+    if not given:
+        rules = [k for k in GPU_RULES if getattr(c, k) not in (None, False, ())]
+        if rules:
+            raise ValueError(f"{rules[0]}: a CPU-only claim (cpus alone) places no GPU: leave it out")
 
 
 def _check_ranges(c: Claim) -> None:

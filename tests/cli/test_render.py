@@ -28,7 +28,7 @@ def test_component_json_has_the_documented_keys_only() -> None:
                         "explanation", "replicas"}
     replica = doc["replicas"][0]
     assert set(replica) == {"index", "group", "groups", "role", "state", "restarts", "devices",
-                            "cuda_visible_devices", "pids", "started_at", "ended_at", "exit_code"}
+                            "cuda_visible_devices", "cpus", "pids", "started_at", "ended_at", "exit_code"}
     assert replica["devices"] == [{"index": 0, "uuid": "GPU-0000", "mig_uuid": None,
                                    "memory_mib": 81559, "compute_pct": 100}]
 
