@@ -42,10 +42,15 @@ def create(**opts: Any) -> None:
 @click.option("--component", help="Only groups this component owns or uses.")
 @click.option("--state", type=click.Choice(["reserved", "allocated", "draining", "degraded", "lost"]))
 @click.option("--gpu", type=click.IntRange(min=0), help="Only groups on this GPU.")
+@click.option("--model", metavar="GLOB", help="Only groups on GPUs of this model.")
+@click.option("--pool", help="Only groups inside this pool.")
+@click.option("--uuid", help="Only groups on this GPU-/MIG- UUID.")
+@click.option("--owner", help="Only groups of this owner (component, reservation, @UID).")
+@click.option("--deployment", help="Only groups of this deployment.")
 def list_groups(**filters: Any) -> None:
     """Groups with their devices, owner and users."""
     with talking():
-        groups = client().list_groups(**filters)["groups"]
+        groups = client().list_groups(**{k: v for k, v in filters.items() if v is not None})["groups"]
     if json_wanted():
         emit_json({"groups": groups})
         return

@@ -23,7 +23,8 @@ DOMAINS = ("nvlink", "pcie", "numa")
 LEVELS = ("device", "nvlink", "pcie", "numa", "machine")
 SIZE_KEYS = ("gpus", "memory", "compute", "mig")
 PLACEMENT_KEYS = ("strategy", "colocate", "exclusive", "distinct", "pool", "gpu_ids",
-                  "priority", "allow_busy", "affinity", "anti_affinity")
+                  "priority", "allow_busy", "affinity", "anti_affinity", "share", "model", "min_memory_mib",
+                  "compute_capability", "same")
 _TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _NUMBER = r"\d+(?:\.\d+)?"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -151,6 +152,14 @@ claim_options = _stack(
                  help="Place near COMPONENT (level device by default). Repeatable."),
     click.option("--anti-affinity", type=AffinityType(), multiple=True,
                  help="Place away from COMPONENT (level device by default). Repeatable."),
+    click.option("--share", type=click.Choice(["whole", "share", "any"]),
+                 help="For --memory/--compute: a whole GPU only, a share only, or either."),
+    click.option("--model", metavar="GLOB", help="Only GPUs whose model matches (e.g. '*H100*')."),
+    click.option("--min-memory", "min_memory_mib", type=SizeType(),
+                 help="Only GPUs with at least this much memory in all."),
+    click.option("--compute-capability", metavar="X.Y", help="Only GPUs of at least this compute capability."),
+    click.option("--same", type=click.Choice(["model"]),
+                 help="Every device of the request of one model (DRA matchAttribute)."),
 )
 
 shape_options = _stack(

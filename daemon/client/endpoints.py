@@ -92,8 +92,11 @@ class Endpoints(ABC, Generic[R]):
         return self.send(Request("GET", path))
 
     def list_groups(self, component: str | None = None, state: str | None = None,
-                    gpu: int | None = None) -> R:
-        return self.send(Request("GET", _with_query("/v1/groups", component=component, state=state, gpu=gpu)))
+                    gpu: int | None = None, *, model: str | None = None, pool: str | None = None,
+                    uuid: str | None = None, owner: str | None = None, deployment: str | None = None) -> R:
+        return self.send(Request("GET", _with_query(
+            "/v1/groups", component=component, state=state, gpu=gpu, model=model, pool=pool, uuid=uuid,
+            owner=owner, deployment=deployment)))
 
     def get_group(self, group_id: str) -> R:
         return self.send(Request("GET", f"/v1/groups/{_seg(group_id)}"))

@@ -48,7 +48,9 @@ class ComputeGroupManager:
         return [ComputeNode(node["machine"], gpus, compute_groups) for node in found["nodes"]]
 
     async def list_compute_groups(self, filters: Mapping[str, Json] | None = None) -> list[ComputeGroup]:
-        """Filters: `component`, `state`, `gpu` (all must match)."""
+        """Filters (all must match): `component` (owns or uses it), `state`, `gpu` (an index), `model` (a glob
+        over the GPU model), `pool` (all its devices in that pool), `uuid` (of a GPU or MIG device), `owner`
+        (as the group names it), `deployment`."""
         groups, gpus = await asyncio.gather(self.provider.list_groups(dict(filters or {})), self._gpus())
         return [ComputeGroup.from_documents(g, gpus) for g in groups]
 

@@ -26,7 +26,7 @@ POLL_S = 30.0
 """One long poll's length: well inside the client's socket timeout."""
 
 Json = Any
-GROUP_FILTERS = ("component", "state", "gpu")
+GROUP_FILTERS = ("component", "state", "gpu", "model", "pool", "uuid", "owner", "deployment")
 
 
 class ComputeResourceProvider(ABC):

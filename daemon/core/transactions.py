@@ -40,6 +40,7 @@ from computegroups.daemon.model.errors import (
 )
 from computegroups.daemon.model.refs import component_of, uses
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.placement import choices
 from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
 from computegroups.statefiles.errors import StateError, StateLockedError
 from computegroups.statefiles.journal import Tracked
@@ -335,7 +336,7 @@ class StateKeeper:
         self._follow(doc)
         self._placed.update(group_ids)
         try:
-            return self.allocator.allocate(claim, group_ids, owner, reserved=reserved)
+            return choices.place(self.allocator, claim, group_ids, owner, reserved=reserved)
         except NeverFits as exc:
             raise Unsatisfiable(str(exc)) from None
         except DoesNotFitNow as exc:

@@ -21,6 +21,7 @@ from msgspec import Meta
 
 from computegroups.daemon.model.claims import AllocatorConfig, Strategy, parse_size
 from computegroups.daemon.model.decoding import ModelError, convert
+from computegroups.daemon.model.sharepolicy import SharingTable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -146,15 +147,21 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     workers: Workers = msgspec.field(default_factory=Workers)
     limits: Limits = msgspec.field(default_factory=Limits)
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
+    sharing: SharingTable = msgspec.field(default_factory=SharingTable)
 
     def daemon_config(self) -> DaemonConfig:
         """What cgd reads; raises ModelError for a value that only reads as text."""
         share_mib, share_fraction = self.placement.share()
+        try:
+            sharing = self.sharing.rules()
+        except ValueError as exc:
+            path, _, problem = str(exc).partition(": ")
+            raise ModelError(path, problem) from None
         return DaemonConfig(
             allocator=AllocatorConfig(
                 pools={name: frozenset(gpus) for name, gpus in self.pools.items()},
                 default_share_mib=share_mib, default_share_fraction=share_fraction,
-                default_strategy=self.placement.default_strategy,
+                default_strategy=self.placement.default_strategy, sharing=sharing,
             ),
             health=self.health,
             share_enforcement=self.shares.enforcement,
