@@ -41,8 +41,9 @@ from computegroups.daemon.core.transactions import (
     drop_displaced,
     group_record,
 )
-from computegroups.daemon.deployments.plan import InstancePlan, Plan, expand
+from computegroups.daemon.deployments.plan import InstancePlan, Plan, expand, sibling_claim
 from computegroups.daemon.deployments.views import deployment_summary, deployment_tree
+from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.deployment import (
     DeploymentError,
     DeploymentSpec,
@@ -377,6 +378,44 @@ def _instance_spec(inst: InstancePlan) -> ComponentSpec:
     return inst.component.request(inst.path, inst.shadow_of).spec()
 
 
+def _batches(diff: _Diff) -> list[tuple[tuple[str, Claim], list[str]]]:
+    """The new groups in the batches they are placed in, all or nothing: one per sharing entry,
+    owner and claim (a claim's affinity to a sibling resolves per set replica), a batch whose
+    affinity names a component of another batch placed after it, so the sibling is already there
+    (a leader before its workers)."""
+    assert diff.spec is not None or not diff.new_groups, "only a deployment that stays gets new groups"
+    batches: dict[tuple[str, str, Claim], list[str]] = {}
+    spec = diff.spec
+    for gid in diff.new_groups:
+        assert spec is not None
+        g = diff.plan.groups[gid]
+        try:
+            claim = sibling_claim(spec, g, spec.claim(g.claim))
+        except DeploymentError as exc:
+            raise BadRequest(str(exc.within(diff.source) if diff.source and not exc.source else exc)) from None
+        batches.setdefault((g.origin, g.owner, claim), []).append(gid)
+    users = {key: {component_of(u) for gid in ids for u in diff.plan.groups[gid].users}
+             for key, ids in batches.items()}
+    ordered: list[tuple[tuple[str, Claim], list[str]]] = []
+    done: set[tuple[str, str, Claim]] = set()
+
+    def visit(key: tuple[str, str, Claim]) -> None:
+        """Place a batch after the batches its affinity names: depth first, so each leader is
+        followed by its own workers before the next set replica's leader takes a GPU."""
+        if key in done:
+            return
+        done.add(key)  # before the dependencies: a cycle of affinities is placed in file order
+        wanted = {t.component for t in key[2].affinity}
+        for other in batches:
+            if other != key and wanted & users[other]:
+                visit(other)
+        ordered.append(((key[1], key[2]), batches[key]))
+
+    for key in batches:
+        visit(key)
+    return ordered
+
+
 def _kept_users(diff: _Diff, gid: str) -> tuple[str, ...]:
     """Who uses a group the change keeps: the plan's live users and the sharers from outside."""
     return tuple(sorted(set(_live(diff.plan.groups[gid].users, diff)) | set(diff.foreign_users.get(gid, ()))))
@@ -397,12 +436,7 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
         check_attachable(doc.groups[gid], users)
         if users != doc.groups[gid].users:
             doc.groups[gid] = replace(doc.groups[gid], users=users)
-    batches: dict[tuple[str, str], list[str]] = {}
-    for gid in diff.new_groups:
-        batches.setdefault((plan.groups[gid].origin, plan.groups[gid].owner), []).append(gid)
-    for (_, owner), ids in batches.items():
-        assert diff.spec is not None, "only a deployment that stays gets new groups"
-        claim = diff.spec.claim(plan.groups[ids[0]].claim)
+    for (owner, claim), ids in _batches(diff):
         placements = keeper.place(doc, claim, ids, owner)
         drop_displaced(doc, placements)
         for p in placements:

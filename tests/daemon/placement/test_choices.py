@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from computegroups.daemon.model.claims import AllocatorConfig, Claim
+from computegroups.daemon.model.claims import AllocatorConfig, Claim, SameAttribute, ShareMode
 from computegroups.daemon.model.config import parse_config
 from computegroups.daemon.model.sharepolicy import CapacityRule
 from computegroups.daemon.placement import choices
@@ -48,7 +48,7 @@ def test_unshareable_gpus_get_no_share_but_whole_claims() -> None:
 
 def test_share_any_falls_back_to_a_whole_gpu_with_enough_memory() -> None:
     a = allocator("dgx-h100", {"memory": {"valid_values": ["10GiB", "20GiB"]}})
-    (p,) = choices.place(a, Claim(memory_mib=30 * 1024, share="any"), ["g"], "ada")
+    (p,) = choices.place(a, Claim(memory_mib=30 * 1024, share=ShareMode.ANY), ["g"], "ada")
     assert p.devices[0].whole and "a whole GPU (share = any)" in p.score.explanation
     with pytest.raises(NeverFits, match="outside the sharing policy"):
         choices.place(a, Claim(memory_mib=30 * 1024), ["h"], "ada")
@@ -61,5 +61,5 @@ def test_selectors_and_same_model_keep_to_matching_gpus() -> None:
     assert {machine.gpu(d.gpu).name for d in p.devices} == {"NVIDIA L40S"}
     (q,) = choices.place(a, Claim(memory_mib=1024, compute_capability="8.0", min_memory_mib=80 * 1024), ["q"], "ada")
     assert machine.gpu(q.devices[0].gpu).name == "NVIDIA A100-SXM4-80GB", "the H100s have 79.6 GiB"
-    placed = choices.place(a, Claim(gpus=1, same="model", model="*A100*"), ["r0", "r1", "r2"], "ada")
+    placed = choices.place(a, Claim(gpus=1, same=SameAttribute.MODEL, model="*A100*"), ["r0", "r1", "r2"], "ada")
     assert len({machine.gpu(p.devices[0].gpu).name for p in placed}) == 1
