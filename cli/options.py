@@ -182,6 +182,8 @@ process_options = _stack(
     click.option("--cwd", type=click.Path(exists=True, file_okay=False, resolve_path=True),
                  help="Working directory (default: the current one when a command is given)."),
     click.option("--explain", is_flag=True, help="Say why these devices were chosen."),
+    click.option("--cpu-bind", type=click.Choice(["numa", "none"]),
+                 help="numa: run on the CPUs local to the GPUs; none: on any (default: cgd's)."),
 )
 
 job_options = _stack(
@@ -280,6 +282,8 @@ def build_component(name: str, opts: Mapping[str, Any], command: tuple[str, ...]
         body["restart"] = restart
     if opts.get("time_limit") is not None:
         body["time_limit_s"] = opts["time_limit"]
+    if opts.get("cpu_bind"):
+        body["cpu_bind"] = opts["cpu_bind"]
     if lease:
         body["lease"] = True
     return body

@@ -23,7 +23,7 @@ Json = Any
 # its groups go; any other constraint is a placement rule of the claim.
 COMPONENT_KEYS = frozenset({
     "replicas", "scope", "share_with", "shadow_of", "group", "command", "shell", "env",
-    "cwd", "restart", "stop_timeout_s", "lease", "time_limit_s", "wait", "detach",
+    "cwd", "restart", "stop_timeout_s", "lease", "time_limit_s", "wait", "detach", "cpu_bind",
 })
 
 

@@ -22,6 +22,7 @@ from computegroups.daemon.core.transactions import (
 from computegroups.daemon.core.views import component_view
 from computegroups.daemon.core.workers import (
     WorkerPaths,
+    binder,
     build_spec,
     watcher_key,
     write_role,
@@ -47,6 +48,8 @@ class ManagerBase:
         self.supervisor = supervisor
         self.paths = paths
         self.config = keeper.config
+        self.binding = binder(keeper.machine, keeper.config)
+        """Each replica's CPU binding, as the views show it and the workers get it."""
         self.replica_states: dict[str, str] = {}
         self._stopping: set[str] = set()
         self._busy: dict[str, str] = {}
@@ -92,7 +95,7 @@ class ManagerBase:
             w = self.doc.workers[ref]
             comp = self.doc.components[w.component]
             write_role(self.paths, comp.name, w.replica, w.role, comp.owner_uid, comp.owner_gid)
-            spec = build_spec(self.doc, comp, w.replica, w.role, self.paths, self.config)
+            spec = build_spec(self.doc, comp, w.replica, w.role, self.paths, self.config, self.keeper.machine)
             started[ref] = await self.supervisor.start_worker(spec, resume=resume)
             self.replica_states[ref] = "running"
         with self.keeper.transaction() as doc:
@@ -264,7 +267,7 @@ class ManagerBase:
     def component(self, name: str) -> dict[str, Any]:
         comp = component_or_404(self.doc, name)
         return component_view(self.doc, comp, self._pids(), self.config.device_naming, self.replica_states,
-                              self._memory())
+                              self.binding, self._memory())
 
     def _memory(self) -> dict[str, int]:
         """Per replica, the memory its worker and all it started use, where its cgroup counts it."""

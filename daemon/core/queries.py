@@ -39,7 +39,7 @@ class Queries(ManagerBase):
     def components(self, owner: int | None = None) -> list[dict[str, Any]]:
         pids, memory = self._pids(), self._memory()
         return [
-            component_view(self.doc, c, pids, self.config.device_naming, self.replica_states, memory)
+            component_view(self.doc, c, pids, self.config.device_naming, self.replica_states, self.binding, memory)
             for c in sorted(self.doc.components.values(), key=lambda c: c.name)
             if c.state != "releasing" and (owner is None or c.owner_uid == owner)
         ]
@@ -97,7 +97,7 @@ class Queries(ManagerBase):
             raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
         worker = self.doc.workers.get(replica_ref(name, replica))
         role = worker.role if worker else (Role.SHADOW if comp.shadow_of else Role.PRIMARY)
-        env = build_env(self.doc, comp, replica, role, self.paths, self.config)
+        env = build_env(self.doc, comp, replica, role, self.paths, self.config, self.keeper.machine)
         return {k: v for k, v in env.items() if reserved_env(k)}
 
     def owned_component(self, caller: Caller, name: str, replica: int):

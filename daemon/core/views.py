@@ -10,12 +10,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from computegroups.daemon.core.queue import queue_order
-from computegroups.daemon.core.workers import replica_groups, replica_ref, visible_devices
+from computegroups.daemon.core.workers import Binding, replica_groups, replica_ref, visible_devices
 from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.placement.allocator import DoesNotFitNow
 from computegroups.daemon.supervision.workerenv import cuda_visible_devices
 from computegroups.statefiles.schema import ComponentRecord, GroupRecord, ReservationRecord, StateDoc
 from computegroups.topology.model import Machine
+from computegroups.topology.ranges import format_ranges
 
 
 def user_name(uid: int) -> str:
@@ -116,7 +117,7 @@ def group_view(doc: StateDoc, g: GroupRecord) -> dict[str, Any]:
 
 def component_view(
     doc: StateDoc, comp: ComponentRecord, pids: dict[str, list[int]], naming: str,
-    replica_states: dict[str, str], memory: dict[str, int] | None = None,
+    replica_states: dict[str, str], binding: Binding, memory: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     replicas = []
     explanations: list[str] = []
@@ -150,6 +151,7 @@ def component_view(
             ],
             "cuda_visible_devices": cuda_visible_devices(devices, naming),
             "cpus": sum(g.claim.cpus or 0 for g in groups),
+            "cpu_binding": format_ranges(binding(comp, devices)) or None,
             "pids": pids.get(ref, []),
             "memory_bytes": (memory or {}).get(ref),
             "started_at": worker.started_at if worker else None,

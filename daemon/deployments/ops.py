@@ -184,7 +184,7 @@ class Deployments:
         for pid, ref in self.manager.worker_pids_and_shares()[0].items():
             pids.setdefault(ref, []).append(pid)
         return deployment_tree(self.keeper.doc, record, plan, {r: sorted(p) for r, p in pids.items()},
-                               self.keeper.config.device_naming, self.manager.replica_states)
+                               self.keeper.config.device_naming, self.manager.replica_states, self.manager.binding)
 
     def summaries(self) -> list[dict[str, Any]]:
         doc = self.keeper.doc

@@ -63,6 +63,15 @@ class WorkerTracking(str, Enum):
     MARKS = "marks"
 
 
+class CpuBindDefault(str, Enum):
+    """Workers' CPU binding when their component does not say: `auto` binds to the GPUs' NUMA-local
+    CPUs on a machine with more than one NUMA node, and not at all on one with a single node."""
+
+    AUTO = "auto"
+    NUMA = "numa"
+    NONE = "none"
+
+
 class _Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
     """A table of the file: a misspelt key stops cgd rather than doing nothing."""
 
@@ -115,6 +124,7 @@ class Workers(_Section, frozen=True, kw_only=True):
     log_max_bytes: PositiveInt = 100 * 1024 * 1024
     log_backups: PositiveInt = 3
     tracking: WorkerTracking = WorkerTracking.AUTO
+    cpu_bind: CpuBindDefault = CpuBindDefault.AUTO
 
     def signal_number(self) -> int:
         try:
@@ -171,6 +181,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
             log_max_bytes=self.workers.log_max_bytes,
             log_backups=self.workers.log_backups,
             worker_tracking=self.workers.tracking,
+            cpu_bind=self.workers.cpu_bind,
             limits=self.limits,
             jobs=self.jobs,
         )
@@ -188,6 +199,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
     log_max_bytes: int = 100 * 1024 * 1024
     log_backups: int = 3
     worker_tracking: WorkerTracking = WorkerTracking.AUTO
+    cpu_bind: CpuBindDefault = CpuBindDefault.AUTO
     limits: Limits = msgspec.field(default_factory=Limits)
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
 

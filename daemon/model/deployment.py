@@ -28,7 +28,7 @@ from msgspec.structs import replace
 
 from computegroups.daemon.model.claims import Claim, MemorySize, Name, Percent
 from computegroups.daemon.model.decoding import ModelError, convert, to_plain
-from computegroups.daemon.model.enums import RestartMode
+from computegroups.daemon.model.enums import CpuBind, RestartMode
 from computegroups.daemon.model.requests import (
     _NO_NUL,
     MAX_REPLICAS,
@@ -184,6 +184,7 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     stop_timeout_s: Seconds = 10.0
     sharing: _SharingIn = _LEFT_OUT
     shadow_of: Name | None = None
+    cpu_bind: CpuBind | None = None
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
@@ -206,7 +207,8 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         if restart.policy is None:  # a deployment runs services
             restart = msgspec.structs.replace(restart, policy=RestartMode.ALWAYS)
         return ComponentRequest(name=path, shadow_of=shadow_of, command=self.command, env=dict(self.env),
-                                cwd=self.cwd, restart=restart, stop_timeout_s=self.stop_timeout_s)
+                                cwd=self.cwd, restart=restart, stop_timeout_s=self.stop_timeout_s,
+                                cpu_bind=self.cpu_bind)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -224,6 +226,8 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         out["stop_timeout_s"] = self.stop_timeout_s
         if self.sharing:
             out["sharing"] = [s.to_dict() for s in self.sharing]
+        if self.cpu_bind is not None:
+            out["cpu_bind"] = str(self.cpu_bind)
         return out
 
 

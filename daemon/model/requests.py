@@ -25,7 +25,7 @@ from computegroups.daemon.model.decoding import (
     ModelError,
     convert,
 )
-from computegroups.daemon.model.enums import RestartMode, Scope
+from computegroups.daemon.model.enums import CpuBind, RestartMode, Scope
 from computegroups.daemon.model.names import NAME_PATTERN, NAME_RE
 
 __all__ = [
@@ -162,6 +162,8 @@ class _Process(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     stop_timeout_s: Seconds = 10.0
     time_limit_s: TimeLimit | None = None
     """A replica still running this long after it started is stopped and marked `timeout` (Slurm's --time)."""
+    cpu_bind: CpuBind | None = None
+    """`numa`: the worker runs on the CPUs local to its GPUs; `none`: on any; None: cgd's default."""
 
     def __post_init__(self) -> None:
         attach = [k for k in ("share_with", "shadow_of", "group") if getattr(self, k)]
@@ -212,6 +214,7 @@ class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_field
             shadow_of=self.shadow_of, group=self.group, command=self.command, shell=self.shell,
             env=dict(self.env), cwd=self.cwd,
             restart=self.restart, stop_timeout_s=float(self.stop_timeout_s), time_limit_s=self.time_limit_s,
+            cpu_bind=self.cpu_bind,
         )
 
     @classmethod
@@ -220,7 +223,7 @@ class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_field
         return cls(
             name=name, claim=s.claim, scope=s.scope, share_with=s.share_with, shadow_of=s.shadow_of,
             group=s.group, command=s.command, shell=s.shell, env=dict(s.env), cwd=s.cwd, restart=s.restart,
-            stop_timeout_s=s.stop_timeout_s, time_limit_s=s.time_limit_s,
+            stop_timeout_s=s.stop_timeout_s, time_limit_s=s.time_limit_s, cpu_bind=s.cpu_bind,
         )
 
 
