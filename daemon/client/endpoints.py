@@ -120,6 +120,10 @@ class Endpoints(ABC, Generic[R]):
         verb = "drain" if drained else "undrain"
         return self.send(Request("POST", f"/v1/gpus/{_seg(index)}/{verb}"))
 
+    def apply_deployment(self, body: dict[str, Json]) -> R:
+        """`body` as `deployfile.load_deployment` makes it: `spec`, `source`, `included`."""
+        return self.send(Request("POST", "/v1/deployments", body))
+
     def create_reservation(self, body: dict[str, Json]) -> R:
         return self.send(Request("POST", "/v1/reservations", body))
 

@@ -120,9 +120,10 @@ class Deployments:
         self.keeper.path_owner = deployment_using
         self._busy: set[str] = set()
 
-    async def apply(self, caller: Caller, data: Any, source: str | None) -> dict[str, Any]:
-        """Create the deployment, or bring it to a new version of its file."""
-        spec = _checked(lambda: parse(data, source))
+    async def apply(self, caller: Caller, data: Any, source: str | None,
+                    included: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create the deployment, or bring it to a new version of its file (and of the files it includes)."""
+        spec = _checked(lambda: parse(data, source, included))
         created = False
 
         def decide() -> _Change:
