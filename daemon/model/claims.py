@@ -285,9 +285,13 @@ class AllocatorConfig:
             raise ValueError(f"default_share_mib must be at least 1, got {self.default_share_mib}")
 
     def pool_problems(self, gpu_count: int) -> list[str]:
-        """Pools naming a GPU this machine lacks: a typo that would make the pool quietly smaller."""
-        return [f"pools.{name}: GPU {index} is not on this machine ({gpu_count} GPUs, 0-{gpu_count - 1})"
-                for name, gpus in sorted(self.pools.items()) for index in sorted(gpus) if index >= gpu_count]
+        """Pools and sharing policies naming a GPU this machine lacks: a typo that would make a
+        pool quietly smaller, or a policy quietly apply to nothing."""
+        where = f"({gpu_count} GPUs, 0-{gpu_count - 1})" if gpu_count else "(it has no GPU)"
+        return [f"pools.{name}: GPU {index} is not on this machine {where}"
+                for name, gpus in sorted(self.pools.items()) for index in sorted(gpus) if index >= gpu_count] + [
+                f"sharing.gpus.{index}: GPU {index} is not on this machine {where}"
+                for index in sorted(self.sharing.gpus) if index >= gpu_count]
 
     def share_mib(self, device_mib: int) -> int:
         if self.default_share_mib is not None:

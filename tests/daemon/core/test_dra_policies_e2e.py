@@ -134,3 +134,17 @@ def test_device_selectors_and_group_filters(start_cgd: Callable[..., Cgd], tmp_p
             await m.list_compute_groups({"colour": "red"})
 
     asyncio.run(through_the_client())
+
+
+def test_a_policy_for_a_gpu_the_machine_lacks_is_refused_at_start(start_cgd: Callable[..., Cgd],
+                                                                   tmp_path: Path) -> None:
+    config = tmp_path / "cgd.toml"
+    config.write_text("[sharing.gpus.9]\nshareable = false\n")
+    with pytest.raises(RuntimeError) as failed:
+        start_cgd(str(MIXED), "--config", str(config))
+    assert "cgd: error: configuration: sharing.gpus.9: GPU 9 is not on this machine (4 GPUs, 0-3)" \
+        in str(failed.value)
+    config.write_text('[sharing.memory]\ndefault = "3GiB"\nvalid_values = ["2GiB", "4GiB"]\n')
+    with pytest.raises(RuntimeError) as failed:
+        start_cgd(str(MIXED), "--config", str(config))
+    assert "sharing.memory: default: 3GiB is not a valid amount (valid_values 2GiB, 4GiB)" in str(failed.value)
