@@ -21,6 +21,7 @@ from computegroups.daemon.core.transactions import (
 )
 from computegroups.daemon.core.views import component_view
 from computegroups.daemon.core.workers import (
+    Binding,
     WorkerPaths,
     binder,
     build_spec,
@@ -48,8 +49,6 @@ class ManagerBase:
         self.supervisor = supervisor
         self.paths = paths
         self.config = keeper.config
-        self.binding = binder(keeper.machine, keeper.config)
-        """Each replica's CPU binding, as the views show it and the workers get it."""
         self.replica_states: dict[str, str] = {}
         self._stopping: set[str] = set()
         self._busy: dict[str, str] = {}
@@ -263,6 +262,11 @@ class ManagerBase:
         if g is None:
             raise NotFound(f"no group {gid!r}: `cgctl list` shows the groups in use")
         return g
+
+    @property
+    def binding(self) -> Binding:
+        """Each replica's CPU binding, as the views show it and the workers get it."""
+        return binder(self.keeper.machine, self.config)
 
     def component(self, name: str) -> dict[str, Any]:
         comp = component_or_404(self.doc, name)
