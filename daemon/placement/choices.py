@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from msgspec.structs import replace
 
@@ -40,7 +40,7 @@ def place(allocator: Allocator, claim: Claim, group_ids: Sequence[str], owner: s
     """Place the groups by the first of the claim's alternatives that fits, all or nothing."""
     failures: list[PlacementError] = []
     for variant, note in alternatives(allocator.machine, allocator.config.sharing, claim,
-                                      allocator.config.share_mib):
+                                      allocator.config.share_mib, allocator.config.pools):
         try:
             placements = allocator.allocate(variant, group_ids, owner, reserved=reserved)
         except PlacementError as exc:
@@ -57,7 +57,8 @@ def place(allocator: Allocator, claim: Claim, group_ids: Sequence[str], owner: s
 
 
 def alternatives(machine: Machine, sharing: SharingRules, claim: Claim,
-                 share_mib: Callable[[int], int] | None = None) -> list[tuple[Claim, str]]:
+                 share_mib: Callable[[int], int] | None = None,
+                 pools: Mapping[str, frozenset[int]] | None = None) -> list[tuple[Claim, str]]:
     """The plain claims to try, in order, each with a note for its explanation ("" for none).
 
     Raises NeverFits when the policies leave no way at all.
@@ -70,7 +71,7 @@ def alternatives(machine: Machine, sharing: SharingRules, claim: Claim,
         if kind == "whole":
             out.append((_whole(claim), "a whole GPU (share = " + str(claim.share) + ")"))
         elif claim.kind == "share":
-            shares, refused = _policy_shares(machine, sharing, claim, share_mib)
+            shares, refused = _policy_shares(machine, sharing, claim, share_mib, pools or {})
             out += shares
             refusals += refused
         else:
@@ -79,7 +80,7 @@ def alternatives(machine: Machine, sharing: SharingRules, claim: Claim,
         raise NeverFits("; ".join(refusals))
     if claim.same is None:
         return out
-    return [(pinned, note) for variant, note in out for pinned in _same(machine, variant)]
+    return [(pinned, note) for variant, note in out for pinned in _same(machine, variant, pools or {})]
 
 
 def _whole(claim: Claim) -> Claim:
@@ -88,16 +89,16 @@ def _whole(claim: Claim) -> Claim:
     return replace(claim, gpus=1, memory_mib=None, compute_pct=None, share=None, min_memory_mib=floor)
 
 
-def _policy_shares(machine: Machine, sharing: SharingRules, claim: Claim,
-                   share_mib: Callable[[int], int] | None) -> tuple[list[tuple[Claim, str]], list[str]]:
+def _policy_shares(machine: Machine, sharing: SharingRules, claim: Claim, share_mib: Callable[[int], int] | None,
+                   pools: Mapping[str, frozenset[int]]) -> tuple[list[tuple[Claim, str]], list[str]]:
     """The share, once per distinct policy of the GPUs it may use, asked as that policy rounds it."""
-    scope = _scope(machine, claim)
+    scope = _scope(machine, claim, pools)
     if not scope:  # nothing to round for: the allocator says why no GPU may serve it
         return [(replace(claim, share=None), "")], []
     by_policy: dict[GpuSharing, list[int]] = {}
     for g in scope:
         by_policy.setdefault(sharing.of(g), []).append(g)
-    whole_scope = len(by_policy) == 1 and len(scope) == len(machine.gpus)
+    whole_scope = len(by_policy) == 1  # one policy for all it may use: no pin needed
     out: list[tuple[Claim, str]] = []
     refused: list[str] = []
     for policy, gpus in by_policy.items():
@@ -133,19 +134,21 @@ def _policy_shares(machine: Machine, sharing: SharingRules, claim: Claim,
     return [(replace(c, share=None), note) for c, note in out], refused
 
 
-def _same(machine: Machine, claim: Claim) -> list[Claim]:
+def _same(machine: Machine, claim: Claim, pools: Mapping[str, frozenset[int]]) -> list[Claim]:
     """One claim per model among the GPUs it may use, each pinned to that model."""
     models: list[str] = []
-    for g in _scope(machine, claim):
+    for g in _scope(machine, claim, pools):
         name = machine.gpu(g).name
         if name not in models:
             models.append(name)
     return [replace(claim, model=glob.escape(name), same=None) for name in models] or [replace(claim, same=None)]
 
 
-def _scope(machine: Machine, claim: Claim) -> list[int]:
-    """The GPUs the claim may use by its pins and selectors (pools are the allocator's to apply)."""
+def _scope(machine: Machine, claim: Claim, pools: Mapping[str, frozenset[int]]) -> list[int]:
+    """The GPUs the claim may use by its pool, pins and selectors (an unknown pool: the allocator says so)."""
     gpus = set(machine.indices)
+    if claim.pool is not None and claim.pool in pools:
+        gpus &= pools[claim.pool]
     if claim.gpu_ids is not None:
         gpus &= set(claim.gpu_ids)
     chosen = selected(machine, claim)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from computegroups.daemon.model.claims import AllocatorConfig, Claim, SameAttribute, ShareMode
+from computegroups.daemon.model.claims import AllocatorConfig, Claim, SameAttribute, ShareMode, Strategy
 from computegroups.daemon.model.config import parse_config
 from computegroups.daemon.model.sharepolicy import CapacityRule
 from computegroups.daemon.placement import choices
@@ -63,3 +63,13 @@ def test_selectors_and_same_model_keep_to_matching_gpus() -> None:
     assert machine.gpu(q.devices[0].gpu).name == "NVIDIA A100-SXM4-80GB", "the H100s have 79.6 GiB"
     placed = choices.place(a, Claim(gpus=1, same=SameAttribute.MODEL, model="*A100*"), ["r0", "r1", "r2"], "ada")
     assert len({machine.gpu(p.devices[0].gpu).name for p in placed}) == 1
+
+
+def test_a_pool_and_per_gpu_policies_narrow_together() -> None:
+    config = parse_config({"pools": {"late": [6, 7]},
+                           "sharing": {"gpus": {"7": {"memory": {"valid_values": ["8GiB"]}}}}}).allocator
+    a = Allocator(load_machine("dgx-h100"), config)
+    (p,) = choices.place(a, Claim(memory_mib=1024, pool="late", gpu_ids=(7,)), ["g"], "ada")
+    assert (p.devices[0].gpu, p.devices[0].memory_mib) == (7, 8192)
+    (q,) = choices.place(a, Claim(memory_mib=1024, pool="late", strategy=Strategy.SPREAD), ["h"], "ada")
+    assert (q.devices[0].gpu, q.devices[0].memory_mib) == (6, 1024), "GPU 6 keeps the default policy"
