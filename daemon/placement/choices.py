@@ -32,8 +32,6 @@ from computegroups.daemon.placement.records import DoesNotFitNow, NeverFits, Pla
 from computegroups.daemon.placement.selectors import selected
 from computegroups.topology.model import Machine
 
-_SHARE_KEYS = ("memory_mib", "compute_pct", "share")
-
 
 def place(allocator: Allocator, claim: Claim, group_ids: Sequence[str], owner: str, *,
           reserved: bool = False) -> tuple[Placement, ...]:
@@ -64,18 +62,13 @@ def alternatives(machine: Machine, sharing: SharingRules, claim: Claim,
     Raises NeverFits when the policies leave no way at all.
     """
     out: list[tuple[Claim, str]] = []
-    kinds: list[str] = ["share", "whole"] if claim.share is ShareMode.ANY else \
-        ["whole"] if claim.share is ShareMode.WHOLE else ["as asked"]
     refusals: list[str] = []
-    for kind in kinds:
-        if kind == "whole":
-            out.append((_whole(claim), "a whole GPU (share = " + str(claim.share) + ")"))
-        elif claim.kind == "share":
-            shares, refused = _policy_shares(machine, sharing, claim, share_mib, pools or {})
-            out += shares
-            refusals += refused
-        else:
-            out.append((claim, ""))
+    if claim.kind == "share" and claim.share is not ShareMode.WHOLE:
+        out, refusals = _policy_shares(machine, sharing, claim, share_mib, pools or {})
+    elif claim.kind != "share":
+        out.append((claim, ""))
+    if claim.share in (ShareMode.WHOLE, ShareMode.ANY):
+        out.append((_whole(claim), f"a whole GPU (share = {claim.share})"))
     if not out:
         raise NeverFits("; ".join(refusals))
     if claim.same is None:
