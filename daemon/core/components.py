@@ -1,4 +1,5 @@
-"""Component operations: allocate, release, scale and restart, each one transaction then its processes.
+"""Component operations: allocate, release, scale, restart and freeing one group (which may scale
+or release its component), each one transaction then its processes.
 
 A part of `Manager` (see manager.py): every method runs on the manager's
 state keeper and supervisor, and decides under its lock.
@@ -82,14 +83,18 @@ class Components(Groups):
             self.queue_soon()  # less is free now: the queued claims' reasons are told again
             return self.component(request.name)
 
-    async def release(self, caller: Caller, name: str, stop_timeout: float | None = None) -> dict[str, Any]:
-        """`stop_timeout` overrides the component's own grace before its workers are killed."""
+    async def release(self, caller: Caller, name: str, stop_timeout: float | None = None, *,
+                      only_from: int | None = None) -> dict[str, Any]:
+        """`stop_timeout` overrides the component's own grace before its workers are killed;
+        `only_from` refuses unless the component still has that many replicas (see `scale`)."""
         async with self.keeper.lock:
             self.check_idle(name)
             comp = self.doc.components.get(name)
             if comp is None or comp.state != "releasing":  # a release whose stop failed may be retried
                 comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if only_from is not None and comp.replicas != only_from:
+                raise Conflict(f"component {name!r} changed meanwhile ({comp.replicas} replicas now): ask again")
             if comp.deployment:
                 raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
             closure, refs = self._begin_release([name])
@@ -103,10 +108,14 @@ class Components(Groups):
             closure, refs = self._begin_release(mine)
         return await self._finish_release(closure, refs)
 
-    async def scale(self, caller: Caller, name: str, replicas: int) -> dict[str, Any]:
+    async def scale(self, caller: Caller, name: str, replicas: int, *, only_from: int | None = None) -> dict[str, Any]:
+        """`only_from`: refuse unless the component still has that many replicas (a decision made
+        before the lock was taken again, as `deallocate_group`'s, must not scale the wrong way)."""
         async with self.keeper.lock:
             comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if only_from is not None and comp.replicas != only_from:
+                raise Conflict(f"component {name!r} changed meanwhile ({comp.replicas} replicas now): ask again")
             if comp.shadow_of:
                 raise BadRequest(f"{name!r} is a shadow of {comp.shadow_of!r}: scale the primary")
             if comp.deployment:
@@ -182,14 +191,15 @@ class Components(Groups):
                 action, replicas = "scaled in", last
             else:
                 action, replicas = "component released", None
+            count = comp.replicas if comp is not None else None
         if action == "deleted":
             done = await self.delete_group(caller, gid)
         elif action == "reservation released":
             done = await self.unreserve(caller, g.owner)
         elif replicas is not None:
-            done = await self.scale(caller, g.owner, replicas)
+            done = await self.scale(caller, g.owner, replicas, only_from=replicas + 1)
         else:
-            done = await self.release(caller, g.owner)
+            done = await self.release(caller, g.owner, only_from=count)
         return {"deallocated": gid, "action": action, "owner": g.owner, "result": done}
 
     async def restart(self, caller: Caller, name: str, replica: int | None) -> dict[str, Any]:
