@@ -10,6 +10,7 @@ this host: a simulated machine's CPUs may not, and then cgd says so once.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -98,6 +99,13 @@ def test_the_default_follows_the_config(start_cgd: Callable[..., Cgd], tmp_path:
     assert worker(cgd, "w")[0]["cpu_binding"] is None
     ok(cgd, "allocate", "v", "--gpus", "1", "--cpu-bind", "numa", *CMD)
     assert worker(cgd, "v")[0]["cpu_binding"] in ("0-7", "8-15")
+    deployment = tmp_path / "d.toml"
+    deployment.write_text(f'name = "d"\n[[claims]]\nname = "g"\ngpus = 1\n[[components]]\nname = "x"\n'
+                          f'cpu_bind = "numa"\ncommand = [{json.dumps(sys.executable)}, "-c", "import time; '
+                          'time.sleep(3600)"]\nsharing = [{ claim = "g", scope = "per-replica" }]\n')
+    ok(cgd, "apply", "-f", str(deployment))
+    replica, pid = worker(cgd, "d-0-x")
+    assert replica["cpu_binding"] in ("0-7", "8-15") and proc_env(pid)["CG_CPUS"] == replica["cpu_binding"]
     one_node = tmp_path / "one-node.toml"
     one_node.write_text(MIXED.read_text().replace('cpus = "0-7"\ngpus = "0-1"', 'cpus = "0-15"\ngpus = "0-3"')
                         .replace('[[numa]]\nnode = 1\ncpus = "8-15"\ngpus = "2-3"\n', ""))
