@@ -39,7 +39,7 @@ def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | Non
     """Allocate devices to component NAME; with CMD, also start its workers.
 
     Without a size flag the component takes the reservation NAME
-    (`cgctl reserve`), or the groups of --share-with / --shadow-of.
+    (`cgctl reserve`), the groups of --share-with / --shadow-of, or --group.
     A command that exits 0 is done (restarted only on failure, unless
     --restart says otherwise) and gives its devices back; `cgctl wait NAME`
     waits for it and exits with its exit code.
@@ -51,7 +51,7 @@ def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | Non
         body["detach"] = detach
     cgd = client()
     with talking():
-        if "claim" not in body and not ({"share_with", "shadow_of"} & set(body)):
+        if "claim" not in body and not ({"share_with", "shadow_of", "group"} & set(body)):
             _require_reservation(cgd, name)
         component = cgd.create_component(body)
     if component.get("state") == "pending" and not detach:
@@ -65,11 +65,13 @@ def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | Non
 
 
 def _require_reservation(cgd: CgdClient, name: str) -> None:
-    """Without a claim cgd can only use a reservation; say what to type
-    before asking it, rather than relay a missing-field error."""
-    if not any(r["name"] == name for r in cgd.list_reservations()["reservations"]):
+    """Without a claim cgd can only use a reservation (or, on a machine without GPUs, run the
+    component CPU-only); say what to type before asking it, rather than relay a missing-field error."""
+    if any(r["name"] == name for r in cgd.list_reservations()["reservations"]):
+        return
+    if cgd.version()["machine"]["gpus"]:
         raise click.UsageError(
-            f"say what {name} needs: --gpus N, --memory SIZE or --mig PROFILE "
+            f"say what {name} needs: --gpus N, --memory SIZE, --mig PROFILE or --cpus N "
             f"(or `cgctl reserve {name} ...` first, or --share-with COMPONENT)")
 
 

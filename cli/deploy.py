@@ -7,9 +7,6 @@ the file path travels with it as `source`.
 
 from __future__ import annotations
 
-import datetime
-import os
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -18,6 +15,7 @@ import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, fail, json_wanted, talking
 from computegroups.cli.render import devices_label, owner_name, table
+from computegroups.daemon.client.deployfile import DeploymentFileError, load_deployment, read_toml
 from computegroups.daemon.client.endpoints import Endpoints
 from computegroups.daemon.client.sync import CgdClient
 from computegroups.daemon.client.wire import Request
@@ -41,10 +39,12 @@ def _file_option(required: bool) -> Any:
 def apply(path: str) -> None:
     """Create the deployment FILE describes, or bring it to this version of the
     file: replica counts may change; claims and sharing may not."""
-    data = read_file(path)
+    try:
+        body = load_deployment(path)
+    except DeploymentFileError as exc:
+        fail(str(exc))
     with talking():
-        result = client().send(Request("POST", "/v1/deployments",
-                                       {"spec": data, "source": os.path.abspath(path)}))
+        result = client().apply_deployment(body)
     emit_changed(result, "created" if result["changes"]["created"] else "configured")
 
 
@@ -115,32 +115,10 @@ def deployment_names(cgd: CgdClient) -> set[str]:
 def read_file(path: str) -> dict[str, Any]:
     """The TOML file as JSON-ready data; a file cgctl cannot read or parse
     fails here with its name, before cgd is asked anything."""
-    # The parser loads here, not with the module: `cgctl --help` and `scale` import this module too.
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # the same parser, before it joined the standard library
-        import tomli as tomllib
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        fail(f"{path}: {exc.strerror or exc}")
-    except tomllib.TOMLDecodeError as exc:
-        fail(f"{path}: not valid TOML: {exc}")
-    _check_plain(data, path, "")
-    return data
-
-
-def _check_plain(value: Any, path: str, where: str) -> None:
-    """TOML dates and times have no JSON form, and nothing in a deployment is one."""
-    if isinstance(value, (datetime.date, datetime.time)):
-        fail(f"{path}: {where or 'value'}: dates and times are not allowed in a deployment file")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check_plain(v, path, f"{where}.{k}" if where else k)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_plain(v, path, f"{where}[{i}]")
+        return read_toml(path)
+    except DeploymentFileError as exc:
+        fail(str(exc))
 
 
 # -- JSON projection and text ---------------------------------------------------

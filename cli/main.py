@@ -26,6 +26,7 @@ COMMANDS = {
     "env": "env:env",
     "events": "events:events",
     "get": "deploy:get",
+    "group": "groups:group",
     "install-service": "service:install_service",
     "list": "status:list_components",
     "logs": "logs:logs",

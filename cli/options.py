@@ -23,7 +23,8 @@ DOMAINS = ("nvlink", "pcie", "numa")
 LEVELS = ("device", "nvlink", "pcie", "numa", "machine")
 SIZE_KEYS = ("gpus", "memory", "compute", "mig")
 PLACEMENT_KEYS = ("strategy", "colocate", "exclusive", "distinct", "pool", "gpu_ids",
-                  "priority", "allow_busy", "affinity", "anti_affinity")
+                  "priority", "allow_busy", "affinity", "anti_affinity", "share", "model", "min_memory_mib",
+                  "compute_capability", "same")
 _TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _NUMBER = r"\d+(?:\.\d+)?"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -134,6 +135,8 @@ claim_options = _stack(
     click.option("--compute", type=click.IntRange(1, 100), metavar="PCT",
                  help="A share of one device: percent of its SMs."),
     click.option("--mig", metavar="PROFILE", help="A MIG instance of this profile (e.g. 1g.10gb)."),
+    click.option("--cpus", type=click.IntRange(min=0), metavar="N",
+                 help="CPUs counted against the machine's; alone, a CPU-only claim (no GPU)."),
     click.option("--strategy", type=click.Choice(["binpack", "spread"]),
                  help="binpack fills used GPUs first; spread takes the emptiest."),
     click.option("--colocate", type=click.Choice([*DOMAINS, "machine", "none"]),
@@ -149,6 +152,14 @@ claim_options = _stack(
                  help="Place near COMPONENT (level device by default). Repeatable."),
     click.option("--anti-affinity", type=AffinityType(), multiple=True,
                  help="Place away from COMPONENT (level device by default). Repeatable."),
+    click.option("--share", type=click.Choice(["whole", "share", "any"]),
+                 help="For --memory/--compute: a whole GPU only, a share only, or either."),
+    click.option("--model", metavar="GLOB", help="Only GPUs whose model matches (e.g. '*H100*')."),
+    click.option("--min-memory", "min_memory_mib", type=SizeType(),
+                 help="Only GPUs with at least this much memory in all."),
+    click.option("--compute-capability", metavar="X.Y", help="Only GPUs of at least this compute capability."),
+    click.option("--same", type=click.Choice(["model"]),
+                 help="Every device of the request of one model (DRA matchAttribute)."),
 )
 
 shape_options = _stack(
@@ -161,6 +172,8 @@ shape_options = _stack(
 attach_options = _stack(
     click.option("--share-with", metavar="COMPONENT", help="Use that component's groups instead of a claim."),
     click.option("--shadow-of", metavar="COMPONENT", help="A warm standby on that component's groups."),
+    click.option("--group", "group", metavar="ID",
+                 help="Use this group (made by `cgctl group create`) instead of a claim."),
 )
 
 process_options = _stack(
@@ -169,6 +182,8 @@ process_options = _stack(
     click.option("--cwd", type=click.Path(exists=True, file_okay=False, resolve_path=True),
                  help="Working directory (default: the current one when a command is given)."),
     click.option("--explain", is_flag=True, help="Say why these devices were chosen."),
+    click.option("--cpu-bind", type=click.Choice(["numa", "none"]),
+                 help="numa: run on the CPUs local to the GPUs; none: on any (default: cgd's)."),
 )
 
 job_options = _stack(
@@ -203,6 +218,14 @@ def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
     if opts.get("mig") is not None and len(given) > 1:
         raise click.UsageError("--mig asks for a MIG instance: leave out --memory and --compute")
     placement = {k: opts[k] for k in PLACEMENT_KEYS if opts.get(k) not in (None, ())}
+    if not given and opts.get("cpus") is not None:
+        claim_cpu: dict[str, Json] = {"cpus": opts["cpus"]}
+        if "priority" in placement:
+            claim_cpu["priority"] = placement.pop("priority")
+        if placement:
+            flag = "--" + next(iter(placement)).replace("_", "-")
+            raise click.UsageError(f"{flag} chooses among GPUs: a --cpus claim alone has none")
+        return claim_cpu
     if not given:
         if placement:
             flag = "--" + next(iter(placement)).replace("_", "-")
@@ -217,6 +240,8 @@ def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
         claim["compute_pct"] = opts["compute"]
     if opts.get("mig") is not None:
         claim["mig"] = opts["mig"]
+    if opts.get("cpus") is not None:
+        claim["cpus"] = opts["cpus"]
     for key, value in placement.items():
         claim[key] = list(value) if isinstance(value, tuple) else value
     return claim
@@ -228,12 +253,12 @@ def build_component(name: str, opts: Mapping[str, Any], command: tuple[str, ...]
     unless `--cwd` says otherwise: cgd's own directory means nothing to the
     user who typed a relative path."""
     claim = build_claim(opts)
-    attach = [f for f in ("share_with", "shadow_of") if opts.get(f)]
+    attach = [f for f in ("share_with", "shadow_of", "group") if opts.get(f)]
     if len(attach) > 1:
-        raise click.UsageError("--share-with and --shadow-of exclude each other")
+        raise click.UsageError("--share-with, --shadow-of and --group exclude each other")
     if attach and claim is not None:
         flag = "--" + attach[0].replace("_", "-")
-        raise click.UsageError(f"{flag} uses that component's groups: leave out the size and placement flags")
+        raise click.UsageError(f"{flag} uses existing groups: leave out the size and placement flags")
     body: dict[str, Json] = {"name": name}
     if claim is not None:
         body["claim"] = claim
@@ -257,6 +282,8 @@ def build_component(name: str, opts: Mapping[str, Any], command: tuple[str, ...]
         body["restart"] = restart
     if opts.get("time_limit") is not None:
         body["time_limit_s"] = opts["time_limit"]
+    if opts.get("cpu_bind"):
+        body["cpu_bind"] = opts["cpu_bind"]
     if lease:
         body["lease"] = True
     return body

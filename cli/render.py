@@ -21,7 +21,8 @@ Doc = Mapping[str, Any]
 Style = Callable[..., str]
 BAR_WIDTH = 24
 DEVICE_KEYS = ("index", "uuid", "mig_uuid", "memory_mib", "compute_pct")
-REPLICA_KEYS = ("index", "group", "groups", "role", "state", "restarts", "cuda_visible_devices", "pids",
+REPLICA_KEYS = ("index", "group", "groups", "role", "state", "restarts", "cuda_visible_devices", "cpus",
+                "cpu_binding", "pids",
                 "started_at", "ended_at", "exit_code")
 
 
@@ -56,6 +57,7 @@ def component_json(c: Doc) -> dict[str, Json]:
         "replicas_wanted": c.get("replicas_wanted"),
         "scope": c.get("scope"),
         "share_with": c.get("share_with"),
+        "group": c.get("group"),
         "shadow_of": c.get("shadow_of"),
         "command": c.get("command"),
         "restart": c.get("restart"),
@@ -93,7 +95,35 @@ def device_label(d: Doc) -> str:
 
 
 def devices_label(devices: Iterable[Doc]) -> str:
-    return ",".join(device_label(d) for d in devices) or "-"
+    """The devices in order; a run of three or more consecutive whole GPUs as a range (`0-7`).
+
+    >>> devices_label([{"index": i, "whole": True} for i in (0, 1, 2, 3, 5, 6)])
+    '0-3,5,6'
+    """
+    labels: list[str] = []
+    run: list[int] = []
+
+    def flush() -> None:
+        labels.extend([f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(i) for i in run])
+        run.clear()
+
+    for d in devices:
+        plain = d.get("whole") and not d.get("mig_uuid")
+        if plain and run and d["index"] == run[-1] + 1:
+            run.append(d["index"])
+            continue
+        flush()
+        if plain:
+            run.append(d["index"])
+        else:
+            labels.append(device_label(d))
+    flush()
+    return ",".join(labels) or "-"
+
+
+def cpus_label(r: Doc) -> str:
+    """What a replica without a device holds: its counted CPUs, if any."""
+    return f"{r['cpus']} CPUs" if r.get("cpus") else "-"
 
 
 def owner_name(c: Doc) -> str:
@@ -131,10 +161,10 @@ def list_text(components: Sequence[Doc], reservations: Sequence[Doc]) -> list[st
             for r in c.get("replicas") or [{}]:
                 rows.append([
                     c["name"], str(r.get("index", "-")), r.get("group") or "-", r.get("role") or "-",
-                    replica_state(c, r), devices_label(r.get("devices") or []),
-                    ",".join(str(p) for p in r.get("pids") or []) or "-", owner_name(c),
+                    replica_state(c, r), devices_label(r["devices"]) if r.get("devices") else cpus_label(r),
+                    r.get("cpu_binding") or "-", ",".join(str(p) for p in r.get("pids") or []) or "-", owner_name(c),
                 ])
-        lines += table(["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "PIDS", "OWNER"], rows)
+        lines += table(["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "CPUS", "PIDS", "OWNER"], rows)
         queued = sorted((c for c in components if c.get("queue")), key=lambda c: c["queue"].get("position", 0))
         if queued:
             lines += ["", "queue:"] + [f"  #{c['queue'].get('position')} {c['name']}: {c['queue'].get('reason')}"

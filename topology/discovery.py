@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -94,7 +95,18 @@ def discover(gateway: NvmlGateway) -> Machine:
         numa_nodes=tuple(sorted({g.numa_node for g in gpus if g.numa_node is not None})),
         lost_gpus=tuple(sorted(lost, key=lambda g: g.index)),
         source=gateway.source,
+        cpus=machine_cpus(gpus, simulated=gateway.source != "nvml"),
     )
+
+
+def machine_cpus(gpus: tuple[Gpu, ...], *, simulated: bool) -> tuple[int, ...]:
+    """The CPUs of the machine: those NVML says the GPUs are local to, and, on a real machine,
+    every CPU this host runs on (GPUs may sit on one socket only). A simulated machine that
+    lists its CPUs has those, whatever this host has; one that lists none has the host's."""
+    listed = {c for g in gpus for c in g.cpu_affinity or ()}
+    if listed and simulated:
+        return tuple(sorted(listed))
+    return tuple(sorted(listed | set(os.sched_getaffinity(0))))
 
 
 def _read_gpu(gw: NvmlGateway, index: int) -> tuple[_Found | LostGpu, BusKey | None]:

@@ -140,6 +140,8 @@ class Machine:
     numa_nodes: tuple[int, ...] = ()
     lost_gpus: tuple[LostGpu, ...] = ()
     source: str = "nvml"
+    cpus: tuple[int, ...] = ()
+    """The machine's logical CPUs: what CPU-only claims count against."""
     _link_index: dict[tuple[int, int], Link] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
     )

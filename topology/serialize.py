@@ -33,6 +33,7 @@ def machine_to_dict(machine: Machine) -> dict[str, Any]:
         "nvlink_islands": [sorted(island) for island in machine.nvlink_islands],
         "numa_nodes": {str(node): numa.get(str(node), []) for node in machine.numa_nodes},
         "lost_gpus": [{"index": g.index, "uuid": g.uuid, "reason": g.reason} for g in machine.lost_gpus],
+        "cpus": list(machine.cpus),
     }
 
 
@@ -93,4 +94,5 @@ def machine_from_dict(data: dict[str, Any]) -> Machine:
         numa_nodes=tuple(sorted(int(n) for n in data["numa_nodes"])),
         lost_gpus=tuple(LostGpu(g["index"], g["reason"], g["uuid"]) for g in data["lost_gpus"]),
         source=data["source"],
+        cpus=tuple(data.get("cpus") or ()),
     )

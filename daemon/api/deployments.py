@@ -28,7 +28,7 @@ class DeploymentsHandler(_DeploymentHandler):
     async def post(self) -> None:
         def apply() -> Any:
             body = self.decode(ApplyRequest)
-            return self.deployments.apply(self.caller, body.spec, body.source)
+            return self.deployments.apply(self.caller, body.spec, body.source, body.included)
         await self.run(apply)
 
 

@@ -294,12 +294,17 @@ class LogsHandler(ApiHandler):
 
 class GroupsHandler(ApiHandler):
     async def get(self) -> None:
-        await self.run(lambda: {"groups": self.app.manager.groups(
-            self.get_query_argument("component", None), self.get_query_argument("state", None),
-            self.query_int("gpu"))})
+        def groups() -> dict[str, Any]:
+            text = {key: self.get_query_argument(key, None) for key in GROUP_TEXT_FILTERS}
+            return {"groups": self.app.manager.groups(gpu=self.query_int("gpu"), **text)}
+        await self.run(groups)
 
     async def post(self) -> None:
         await self.run(lambda: self.app.manager.create_group(self.caller, self.decode(GroupRequest).claim), 201)
+
+
+GROUP_TEXT_FILTERS = ("component", "state", "model", "pool", "uuid", "owner", "deployment")
+"""`GET /v1/groups` filters besides `gpu` (an index): every field a group can be found by."""
 
 
 class GroupHandler(ApiHandler):
@@ -310,6 +315,11 @@ class GroupHandler(ApiHandler):
 
     async def delete(self, gid: str) -> None:
         await self.run(lambda: self.app.manager.delete_group(self.caller, gid))
+
+
+class GroupDeallocateHandler(ApiHandler):
+    async def post(self, gid: str) -> None:
+        await self.run(lambda: self.app.manager.deallocate_group(self.caller, gid))
 
 
 class GroupDrainHandler(ApiHandler):

@@ -97,8 +97,11 @@ class Endpoints(ABC, Generic[R]):
         return self.send(Request("GET", path))
 
     def list_groups(self, component: str | None = None, state: str | None = None,
-                    gpu: int | None = None) -> R:
-        return self.send(Request("GET", _with_query("/v1/groups", component=component, state=state, gpu=gpu)))
+                    gpu: int | None = None, *, model: str | None = None, pool: str | None = None,
+                    uuid: str | None = None, owner: str | None = None, deployment: str | None = None) -> R:
+        return self.send(Request("GET", _with_query(
+            "/v1/groups", component=component, state=state, gpu=gpu, model=model, pool=pool, uuid=uuid,
+            owner=owner, deployment=deployment)))
 
     def get_group(self, group_id: str) -> R:
         return self.send(Request("GET", f"/v1/groups/{_seg(group_id)}"))
@@ -109,6 +112,9 @@ class Endpoints(ABC, Generic[R]):
     def delete_group(self, group_id: str) -> R:
         return self.send(Request("DELETE", f"/v1/groups/{_seg(group_id)}"))
 
+    def deallocate_group(self, group_id: str) -> R:
+        return self.send(Request("POST", f"/v1/groups/{_seg(group_id)}/deallocate"))
+
     def drain_group(self, group_id: str) -> R:
         return self.send(Request("POST", f"/v1/groups/{_seg(group_id)}/drain"))
 
@@ -118,6 +124,10 @@ class Endpoints(ABC, Generic[R]):
     def drain_gpu(self, index: int, drained: bool = True) -> R:
         verb = "drain" if drained else "undrain"
         return self.send(Request("POST", f"/v1/gpus/{_seg(index)}/{verb}"))
+
+    def apply_deployment(self, body: dict[str, Json]) -> R:
+        """`body` as `deployfile.load_deployment` makes it: `spec`, `source`, `included`."""
+        return self.send(Request("POST", "/v1/deployments", body))
 
     def create_reservation(self, body: dict[str, Json]) -> R:
         return self.send(Request("POST", "/v1/reservations", body))

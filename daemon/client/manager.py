@@ -22,8 +22,8 @@ Json = Any
 # Keys of a ComponentRequest that are about the component, not about where
 # its groups go; any other constraint is a placement rule of the claim.
 COMPONENT_KEYS = frozenset({
-    "replicas", "scope", "share_with", "shadow_of", "command", "shell", "env",
-    "cwd", "restart", "stop_timeout_s", "lease", "time_limit_s", "wait", "detach",
+    "replicas", "scope", "share_with", "shadow_of", "group", "command", "shell", "env",
+    "cwd", "restart", "stop_timeout_s", "lease", "time_limit_s", "wait", "detach", "cpu_bind",
 })
 
 
@@ -48,7 +48,9 @@ class ComputeGroupManager:
         return [ComputeNode(node["machine"], gpus, compute_groups) for node in found["nodes"]]
 
     async def list_compute_groups(self, filters: Mapping[str, Json] | None = None) -> list[ComputeGroup]:
-        """Filters: `component`, `state`, `gpu` (all must match)."""
+        """Filters (all must match): `component` (owns or uses it), `state`, `gpu` (an index), `model` (a glob
+        over the GPU model), `pool` (all its devices in that pool), `uuid` (of a GPU or MIG device), `owner`
+        (as the group names it), `deployment`."""
         groups, gpus = await asyncio.gather(self.provider.list_groups(dict(filters or {})), self._gpus())
         return [ComputeGroup.from_documents(g, gpus) for g in groups]
 
@@ -108,17 +110,16 @@ class ComputeGroupManager:
         return await self.provider.wait_component(component_name, "ended", timeout)
 
     async def deallocate_compute_group(self, group_id: str) -> bool:
-        """Free a group. A component's group goes with its component (cgd frees
-        a component's groups together); False when there is no such group."""
-        groups = await self.provider.list_groups({})
-        group = next((g for g in groups if g["id"] == group_id), None)
-        if group is None:
-            return False
-        owner = ComputeGroup.from_documents(group).component
-        if owner is None:
-            return await self.provider.delete_group(group_id)
-        owned = [g["id"] for g in groups if ComputeGroup.from_documents(g).component == owner]
-        return await self.provider.deallocate_resources(owner, owned)
+        """Free one group where that is meaningful; False when there is no such group.
+
+        A group made by `create_compute_group` is deleted (refused while a
+        component uses it); the group of a component's last replica scales
+        the component in by that replica (its only replica, or an all-replicas
+        group: the component is released); a reservation's is released with
+        it. A middle replica's group, or a deployment's, is refused with a
+        `CgdError` that says what to change instead.
+        """
+        return await self.provider.deallocate_group(group_id)
 
     async def drain_compute_group(self, group_id: str) -> bool:
         await self.provider.drain_group(group_id)

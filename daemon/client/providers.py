@@ -27,7 +27,7 @@ POLL_S = 30.0
 """One long poll's length: well inside the client's socket timeout."""
 
 Json = Any
-GROUP_FILTERS = ("component", "state", "gpu")
+GROUP_FILTERS = ("component", "state", "gpu", "model", "pool", "uuid", "owner", "deployment")
 
 
 class ComputeResourceProvider(ABC):
@@ -64,6 +64,10 @@ class ComputeResourceProvider(ABC):
     @abstractmethod
     async def delete_group(self, group_id: str) -> bool:
         """Release a group made by `create_group`; False when it is not there."""
+
+    @abstractmethod
+    async def deallocate_group(self, group_id: str) -> bool:
+        """Free one group where that means something (see docs/api.md); False when it is not there."""
 
     @abstractmethod
     async def drain_group(self, group_id: str) -> dict[str, Json]:
@@ -146,6 +150,15 @@ class LocalComputeResourceProvider(ComputeResourceProvider):
     async def delete_group(self, group_id: str) -> bool:
         try:
             await self.cgd.delete_group(group_id)
+        except CgdError as exc:
+            if exc.code == "not_found":
+                return False
+            raise
+        return True
+
+    async def deallocate_group(self, group_id: str) -> bool:
+        try:
+            await self.cgd.deallocate_group(group_id)
         except CgdError as exc:
             if exc.code == "not_found":
                 return False

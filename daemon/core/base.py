@@ -22,7 +22,9 @@ from computegroups.daemon.core.transactions import (
 from computegroups.daemon.core.views import component_view
 from computegroups.daemon.core.workers import (
     INSTANCE_VAR,
+    Binding,
     WorkerPaths,
+    binder,
     build_spec,
     watcher_key,
     write_role,
@@ -109,7 +111,7 @@ class ManagerBase:
             w = self.doc.workers[ref]
             comp = self.doc.components[w.component]
             write_role(self.paths, comp.name, w.replica, w.role, comp.owner_uid, comp.owner_gid)
-            spec = build_spec(self.doc, comp, w.replica, w.role, self.paths, self.config)
+            spec = build_spec(self.doc, comp, w.replica, w.role, self.paths, self.config, self.keeper.machine)
             started[ref] = await self.supervisor.start_worker(spec, resume=resume)
             self.replica_states[ref] = "running"
         with self.keeper.transaction() as doc:
@@ -298,6 +300,11 @@ class ManagerBase:
             raise NotFound(f"no group {gid!r}: `cgctl list` shows the groups in use")
         return g
 
+    @property
+    def binding(self) -> Binding:
+        """Each replica's CPU binding, as the views show it and the workers get it."""
+        return binder(self.keeper.machine, self.config)
+
     def component(self, name: str) -> dict[str, Any]:
         """A component being released is shown as such: a release that stopped short (a worker
         stuck in the kernel) leaves it `releasing`, holding its devices, until it is released again."""
@@ -305,7 +312,7 @@ class ManagerBase:
         if comp is None:
             raise NotFound(f"no component named {name!r}: `cgctl list` shows what exists")
         return component_view(self.doc, comp, self._pids(), self.config.device_naming, self.replica_states,
-                              self._memory())
+                              self.binding, self._memory())
 
     def _memory(self) -> dict[str, int]:
         """Per replica, the memory its worker and all it started use, where its cgroup counts it."""

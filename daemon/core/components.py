@@ -1,4 +1,5 @@
-"""Component operations: allocate, release, scale and restart, each one transaction then its processes.
+"""Component operations: allocate, release, scale, restart and freeing one group (which may scale
+or release its component), each one transaction then its processes.
 
 A part of `Manager` (see manager.py): every method runs on the manager's
 state keeper and supervisor, and decides under its lock.
@@ -12,7 +13,7 @@ from typing import Any
 from msgspec.structs import replace
 
 from computegroups.daemon.core.base import log
-from computegroups.daemon.core.jobs import Jobs
+from computegroups.daemon.core.groups import Groups
 from computegroups.daemon.core.jobstate import enqueue, queued_request, replace_finished, with_default_policy
 from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
@@ -24,7 +25,9 @@ from computegroups.daemon.core.transactions import (
     new_component_records,
     remove_component,
     scale_component,
+    standalone,
 )
+from computegroups.daemon.core.views import group_deployment
 from computegroups.daemon.core.workers import (
     replica_ref,
     watcher_key,
@@ -38,7 +41,7 @@ from computegroups.daemon.supervision.workerenv import owner_env
 from computegroups.statefiles.schema import ComponentRecord
 
 
-class Components(Jobs):
+class Components(Groups):
     async def allocate(self, caller: Caller, request: ComponentRequest) -> dict[str, Any]:
         try:
             check_env(request.env, as_root=caller.is_root)  # the workers run as the caller
@@ -93,14 +96,18 @@ class Components(Jobs):
         self.keeper.events.emit("refused", f"{name} refused: {why}", uid=caller.uid, component=name,
                                 reason=str(why))
 
-    async def release(self, caller: Caller, name: str, stop_timeout: float | None = None) -> dict[str, Any]:
-        """`stop_timeout` overrides the component's own grace before its workers are killed."""
+    async def release(self, caller: Caller, name: str, stop_timeout: float | None = None, *,
+                      only_from: int | None = None) -> dict[str, Any]:
+        """`stop_timeout` overrides the component's own grace before its workers are killed;
+        `only_from` refuses unless the component still has that many replicas (see `scale`)."""
         async with self.keeper.lock:
             self.check_idle(name)
             comp = self.doc.components.get(name)
             if comp is None or comp.state != "releasing":  # a release whose stop failed may be retried
                 comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if only_from is not None and comp.replicas != only_from:
+                raise Conflict(f"component {name!r} changed meanwhile ({comp.replicas} replicas now): ask again")
             if comp.deployment:
                 raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
             closure, refs = self._begin_release([name])
@@ -114,10 +121,14 @@ class Components(Jobs):
             closure, refs = self._begin_release(mine)
         return await self._finish_release(closure, refs)
 
-    async def scale(self, caller: Caller, name: str, replicas: int) -> dict[str, Any]:
+    async def scale(self, caller: Caller, name: str, replicas: int, *, only_from: int | None = None) -> dict[str, Any]:
+        """`only_from`: refuse unless the component still has that many replicas (a decision made
+        before the lock was taken again, as `deallocate_group`'s, must not scale the wrong way)."""
         async with self.keeper.lock:
             comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
+            if only_from is not None and comp.replicas != only_from:
+                raise Conflict(f"component {name!r} changed meanwhile ({comp.replicas} replicas now): ask again")
             if comp.shadow_of:
                 raise BadRequest(f"{name!r} is a shadow of {comp.shadow_of!r}: scale the primary")
             if comp.deployment:
@@ -157,6 +168,52 @@ class Components(Jobs):
                 return self.component(name)
         finally:
             self.clear_busy(list(members))
+
+    async def deallocate_group(self, caller: Caller, gid: str) -> dict[str, Any]:
+        """Free one group where that means something, and say what it took.
+
+        A group made on its own is deleted (refused while in use); a
+        reservation's goes with its reservation; a component's per-replica
+        group goes with its replica, which is a scale-in by one when it is the
+        last replica (replicas are numbered, so a middle one cannot go alone)
+        or the component's release when it is the only one; an all-replicas
+        group is what every replica runs on, so the component is released. A
+        deployment's group is the deployment's to change.
+        """
+        async with self.keeper.lock:
+            g = self.group_record(gid)
+            check_owner(caller, g.owner_uid, f"group {gid!r}")
+            deployment = group_deployment(self.doc, g)
+            if deployment is not None:
+                raise BadRequest(f"group {gid!r} belongs to deployment {deployment!r}: change the deployment "
+                                 f"(`cgctl scale`, `cgctl apply`, `cgctl delete {deployment}`)")
+            comp = self.doc.components.get(g.owner)
+            if standalone(g):
+                action, replicas = "deleted", None
+            elif g.owner in self.doc.reservations:
+                action, replicas = "reservation released", None
+            elif comp is None:
+                raise Conflict(f"group {gid!r} belongs to {g.owner!r}, which is being released")
+            elif g.scope == Scope.PER_REPLICA and g.replica is not None and comp.replicas > 1:
+                last = comp.replicas - 1
+                if g.replica != last:
+                    raise Conflict(
+                        f"group {gid!r} is replica {g.replica} of {comp.replicas} of {comp.name!r}: replicas "
+                        f"are numbered, so only the last one ({comp.name}/{last}) can go alone; "
+                        f"scale {comp.name!r} to {g.replica} or release it")
+                action, replicas = "scaled in", last
+            else:
+                action, replicas = "component released", None
+            count = comp.replicas if comp is not None else None
+        if action == "deleted":
+            done = await self.delete_group(caller, gid)
+        elif action == "reservation released":
+            done = await self.unreserve(caller, g.owner)
+        elif replicas is not None:
+            done = await self.scale(caller, g.owner, replicas, only_from=replicas + 1)
+        else:
+            done = await self.release(caller, g.owner, only_from=count)
+        return {"deallocated": gid, "action": action, "owner": g.owner, "result": done}
 
     async def restart(self, caller: Caller, name: str, replica: int | None) -> dict[str, Any]:
         """Stop and start a component's workers (one replica, or all) with the same groups and role.

@@ -20,12 +20,13 @@ from computegroups.daemon.core.transactions import (
     group_record,
     new_reservation,
     release_reservation,
+    standalone,
 )
 from computegroups.daemon.core.views import group_view, reservation_view
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.enums import ComponentState, GroupState, Scope
 from computegroups.daemon.model.errors import Conflict, Forbidden, NotFound
-from computegroups.daemon.model.refs import uses
+from computegroups.daemon.model.refs import component_of, uses
 from computegroups.daemon.model.requests import ReservationRequest
 
 
@@ -70,8 +71,12 @@ class Groups(Jobs):
         async with self.keeper.lock:
             g = self.group_record(gid)
             check_owner(caller, g.owner_uid, f"group {gid!r}")
-            if not g.owner.startswith("@"):
+            if not standalone(g):
                 raise Conflict(f"group {gid!r} belongs to {g.owner!r}: release that instead")
+            if g.users:
+                users = sorted({component_of(u) for u in g.users})
+                raise Conflict(f"group {gid!r} is in use by {', '.join(repr(u) for u in users)} "
+                               f"({', '.join(g.users)}): release {'it' if len(users) == 1 else 'them'} first")
             with self.keeper.transaction() as doc:
                 del doc.groups[gid]
             return {"released": gid}

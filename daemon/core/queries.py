@@ -6,6 +6,7 @@ state keeper and supervisor, and decides under its lock.
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Any
 
 from computegroups.daemon.core.base import ManagerBase
@@ -14,24 +15,31 @@ from computegroups.daemon.core.transactions import (
     check_owner,
     component_or_404,
 )
-from computegroups.daemon.core.views import component_view, group_view, reservation_view, user_name
+from computegroups.daemon.core.views import (
+    component_view,
+    group_deployment,
+    group_view,
+    reservation_view,
+    user_name,
+)
 from computegroups.daemon.core.workers import (
     build_env,
     replica_ref,
     watcher_key,
 )
 from computegroups.daemon.model.enums import Role
-from computegroups.daemon.model.errors import Forbidden, NotFound
+from computegroups.daemon.model.errors import BadRequest, Forbidden, NotFound
 from computegroups.daemon.model.refs import uses
 from computegroups.daemon.model.requests import reserved_env
 from computegroups.daemon.supervision.worklogs import read_worker_log
+from computegroups.topology.model import Machine
 
 
 class Queries(ManagerBase):
     def components(self, owner: int | None = None) -> list[dict[str, Any]]:
         pids, memory = self._pids(), self._memory()
         return [
-            component_view(self.doc, c, pids, self.config.device_naming, self.replica_states, memory)
+            component_view(self.doc, c, pids, self.config.device_naming, self.replica_states, self.binding, memory)
             for c in sorted(self.doc.components.values(), key=lambda c: c.name)
             if owner is None or c.owner_uid == owner
         ]
@@ -43,7 +51,20 @@ class Queries(ManagerBase):
     def reservations(self) -> list[dict[str, Any]]:
         return [reservation_view(self.doc, r) for r in sorted(self.doc.reservations.values(), key=lambda r: r.name)]
 
-    def groups(self, component: str | None, state: str | None, gpu: int | None) -> list[dict[str, Any]]:
+    def groups(self, component: str | None = None, state: str | None = None, gpu: int | None = None, *,
+               model: str | None = None, pool: str | None = None, uuid: str | None = None,
+               owner: str | None = None, deployment: str | None = None) -> list[dict[str, Any]]:
+        """The groups that match every filter given: who uses them, where they are, whose they are.
+
+        `model` is a glob over the GPU model of any of the group's devices; `pool`
+        keeps groups whose devices all lie in that pool; `uuid` is a `GPU-` or
+        `MIG-` UUID of one of its devices; `owner` the owner as the group names it
+        (a component, a reservation, a deployment path, `@UID`).
+        """
+        machine = self.keeper.machine
+        pools = self.config.allocator.pools
+        if pool is not None and pool not in pools:
+            raise BadRequest(f"pool: unknown pool {pool!r} (pools: {', '.join(sorted(pools)) or 'none configured'})")
         out = []
         for g in sorted(self.doc.groups.values(), key=lambda g: g.id):
             if component and component != g.owner and not uses(g.users, component):
@@ -51,6 +72,17 @@ class Queries(ManagerBase):
             if state and g.state != state:
                 continue
             if gpu is not None and not any(d.gpu_index == gpu for d in g.devices):
+                continue
+            if model is not None and not any(
+                    fnmatchcase(_gpu_name(machine, d.gpu_index).lower(), model.lower()) for d in g.devices):
+                continue
+            if pool is not None and not (g.devices and all(d.gpu_index in pools[pool] for d in g.devices)):
+                continue
+            if uuid is not None and not any(uuid in (d.gpu_uuid, d.mig_uuid) for d in g.devices):
+                continue
+            if owner is not None and g.owner != owner:
+                continue
+            if deployment is not None and group_deployment(self.doc, g) != deployment:
                 continue
             out.append(group_view(self.doc, g))
         return out
@@ -69,7 +101,7 @@ class Queries(ManagerBase):
             raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
         worker = self.doc.workers.get(replica_ref(name, replica))
         role = worker.role if worker else (Role.SHADOW if comp.shadow_of else Role.PRIMARY)
-        env = build_env(self.doc, comp, replica, role, self.paths, self.config)
+        env = build_env(self.doc, comp, replica, role, self.paths, self.config, self.keeper.machine)
         return {k: v for k, v in env.items() if reserved_env(k)}
 
     def owned_component(self, caller: Caller, name: str, replica: int):
@@ -92,3 +124,10 @@ class Queries(ManagerBase):
         keys = (watcher_key(w.component, w.replica) for w in doc.workers.values())
         running = sum(1 for key in keys if self.supervisor.is_running(key))
         return len(doc.workers), running
+
+
+def _gpu_name(machine: Machine, index: int) -> str:
+    try:
+        return machine.gpu(index).name
+    except KeyError:  # a lost group's GPU is gone: it has no model any more
+        return ""

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.enums import ComponentState
+from computegroups.daemon.placement import choices
 from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits
 from computegroups.statefiles.schema import ComponentRecord, StateDoc
 from computegroups.topology.model import Machine
@@ -86,7 +87,7 @@ def _fits(scratch: Allocator, claim: Claim, comp: ComponentRecord) -> bool:
     ids = [f"{comp.name}-{i}" for i in range(comp.replicas)] if comp.spec.scope == "per-replica" \
         else [f"{comp.name}-all"]
     try:
-        scratch.allocate(claim, ids, comp.name)
+        choices.place(scratch, claim, ids, comp.name)
     except (DoesNotFitNow, NeverFits, ValueError):
         return False
     for gid in ids:

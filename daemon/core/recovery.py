@@ -113,7 +113,8 @@ async def recover(manager: Manager) -> RecoveryReport:
             if comp is None or comp.state == "lost" or comp.state in FINISHED or w.outcome is not None:
                 continue
             try:
-                spec = build_spec(keeper.doc, comp, w.replica, w.role, manager.paths, keeper.config)
+                spec = build_spec(keeper.doc, comp, w.replica, w.role, manager.paths, keeper.config,
+                                  keeper.machine)
             except ValueError as exc:  # a state written before a rule existed (LD_PRELOAD for root)
                 log.error("not running %s again: %s", ref, exc)
                 refused.append(ref)  # its process, if alive, is a stray now: stopped below

@@ -43,6 +43,7 @@ from computegroups.daemon.model.errors import (
 )
 from computegroups.daemon.model.refs import component_of, uses
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.placement import choices
 from computegroups.daemon.placement.allocator import Allocator, DoesNotFitNow, Holding, NeverFits, Placement
 from computegroups.statefiles.errors import StateError, StateLockedError
 from computegroups.statefiles.journal import Tracked
@@ -231,6 +232,7 @@ class StateKeeper:
             exclusive_domain=frozenset(g.exclusive_domain) if g.exclusive_domain else None,
             priority=g.priority,
             reserved=g.state == GroupState.RESERVED,
+            cpus=g.claim.cpus or 0,
         )
 
     def unavailable_gpus(self, doc: StateDoc) -> set[int]:
@@ -366,7 +368,7 @@ class StateKeeper:
         self._placed.update(group_ids)
         started = time.perf_counter()
         try:
-            return self.allocator.allocate(claim, group_ids, owner, reserved=reserved)
+            return choices.place(self.allocator, claim, group_ids, owner, reserved=reserved)
         except NeverFits as exc:
             raise Unsatisfiable(str(exc)) from None
         except DoesNotFitNow as exc:
@@ -454,9 +456,37 @@ def component_or_404(doc: StateDoc, name: str) -> ComponentRecord:
     return comp
 
 
+def standalone(g: GroupRecord) -> bool:
+    """A group made by `POST /v1/groups` (owner `@uid`): nobody's until a component attaches by its id."""
+    return g.owner.startswith("@")
+
+
+def attachable_group(doc: StateDoc, caller: Caller, gid: str) -> GroupRecord:
+    """The group a component may attach to by id (`group`), or the refusal that says why not."""
+    g = doc.groups.get(gid)
+    if g is None:
+        raise NotFound(f"no group {gid!r}: `cgctl group list` shows what exists")
+    check_owner(caller, g.owner_uid, f"group {gid!r}")
+    if not standalone(g):
+        raise BadRequest(f"group {gid!r} belongs to {g.owner!r}: attach with share_with {g.owner!r} instead")
+    if g.state != GroupState.ALLOCATED:
+        raise Conflict(f"group {gid!r} is {g.state}: nothing new may attach to it")
+    return g
+
+
+def check_attachable(g: GroupRecord, users: Iterable[str]) -> None:
+    """A draining (or degraded) group keeps what runs on it and takes nothing new: no new
+    component, replica, shadow or sharer attaches to it, whoever asks."""
+    new = sorted(set(users) - set(g.users))
+    if new and g.state in (GroupState.DRAINING, GroupState.DEGRADED):
+        raise Conflict(f"group {g.id!r} is {g.state}: nothing new attaches to it ({', '.join(new)}); "
+                       f"undrain it first (`cgctl group drain {g.id} --undrain`)")
+
+
 def attach_refs(doc: StateDoc, group_ids: list[str], refs: list[str]) -> None:
     for gid in group_ids:
         g = doc.groups[gid]
+        check_attachable(g, refs)
         users = tuple(sorted(set(g.users) | set(refs)))
         doc.groups[gid] = replace(g, users=users)
 
@@ -465,14 +495,15 @@ def detach_refs(doc: StateDoc, refs: set[str], releasing: set[str]) -> list[str]
     """Drop replica refs from every group and release the groups nobody needs.
 
     A group left without users survives only when it is an all-replicas group
-    of a component that stays (scaled to zero, it keeps its capacity).
+    of a component that stays (scaled to zero, it keeps its capacity), or a
+    group made on its own, which lives until it is deleted.
     """
     freed = []
     for gid, g in list(doc.groups.items()):
         if refs.isdisjoint(g.users):
             continue
         users = tuple(u for u in g.users if u not in refs)
-        owner_stays = g.owner in doc.components and g.owner not in releasing
+        owner_stays = standalone(g) or (g.owner in doc.components and g.owner not in releasing)
         if users or (g.scope == "all-replicas" and owner_stays):
             doc.groups[gid] = replace(g, users=users)
         else:
@@ -521,6 +552,11 @@ def new_component_records(
                     )
                 targets = [g.id for g in doc.groups.values() if replica_ref(target_name, i) in g.users]
             attach_refs(doc, targets, [ref])
+    elif request.group is not None:
+        if reservation is not None:
+            raise Conflict(f"reservation {name!r} exists: allocate it by name or release it first")
+        attachable_group(doc, caller, request.group)
+        attach_refs(doc, [request.group], list(refs_by_replica.values()))
     elif reservation is not None:
         check_owner(caller, reservation.owner_uid, f"reservation {name!r}")
         groups = [doc.groups[g] for g in reservation.group_ids if g in doc.groups]
@@ -537,8 +573,11 @@ def new_component_records(
         request = msgspec.structs.replace(
             request, claim=groups[0].claim if groups else request.claim, scope=scope)
     else:
+        if request.claim is None and not keeper.machine.gpus:
+            # Nothing to claim on a machine without GPUs: the component runs CPU-only, no CPUs counted.
+            request = msgspec.structs.replace(request, claim=Claim(cpus=0))
         if request.claim is None:
-            raise BadRequest("claim: required (or share_with, shadow_of, or a reservation of this name)")
+            raise BadRequest("claim: required (or share_with, shadow_of, group, or a reservation of this name)")
         check_affinity_targets(doc, request.claim)
         ids = group_ids_for(name, request.scope, range(replicas))
         placements = keeper.place(doc, request.claim, list(ids), name)
@@ -721,6 +760,8 @@ def scale_component(
                         raise BadRequest(f"replicas: {target.name!r} has only {target.replicas} replicas to share")
                     targets = [g.id for g in doc.groups.values() if replica_ref(target.name, i) in g.users]
                 attach_refs(doc, targets, [ref])
+        elif request.group is not None:
+            attach_refs(doc, [request.group], [replica_ref(comp.name, i) for i in new])
         elif request.scope == "all-replicas":
             attach_refs(doc, [f"{comp.name}-all"], [replica_ref(comp.name, i) for i in new])
         else:

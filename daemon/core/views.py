@@ -10,12 +10,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from computegroups.daemon.core.queue import queue_order
-from computegroups.daemon.core.workers import replica_groups, replica_ref, visible_devices
+from computegroups.daemon.core.workers import Binding, replica_groups, replica_ref, visible_devices
 from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.placement.allocator import DoesNotFitNow
 from computegroups.daemon.supervision.workerenv import cuda_visible_devices
 from computegroups.statefiles.schema import ComponentRecord, GroupRecord, ReservationRecord, StateDoc
 from computegroups.topology.model import Machine
+from computegroups.topology.ranges import format_ranges
 
 
 def user_name(uid: int) -> str:
@@ -90,6 +91,15 @@ def device_view(dev) -> dict[str, Any]:
     }
 
 
+def group_deployment(doc: StateDoc, g: GroupRecord) -> str | None:
+    """The deployment whose plan made the group: that of the components it was made for."""
+    for name in (g.owner, *(component_of(u) for u in g.users)):
+        comp = doc.components.get(name)
+        if comp is not None and comp.deployment is not None:
+            return comp.deployment
+    return None
+
+
 def group_view(doc: StateDoc, g: GroupRecord) -> dict[str, Any]:
     reservation = next((r.name for r in doc.reservations.values() if g.id in r.group_ids), None)
     return {
@@ -101,12 +111,13 @@ def group_view(doc: StateDoc, g: GroupRecord) -> dict[str, Any]:
         "exclusive_domain": list(g.exclusive_domain) if g.exclusive_domain is not None else None,
         "priority": g.priority, "created": g.created, "explanation": g.explanation,
         "reservation": reservation,
+        "deployment": group_deployment(doc, g),
     }
 
 
 def component_view(
     doc: StateDoc, comp: ComponentRecord, pids: dict[str, list[int]], naming: str,
-    replica_states: dict[str, str], memory: dict[str, int] | None = None,
+    replica_states: dict[str, str], binding: Binding, memory: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     replicas = []
     explanations: list[str] = []
@@ -139,6 +150,8 @@ def component_view(
                 for d in devices
             ],
             "cuda_visible_devices": cuda_visible_devices(devices, naming),
+            "cpus": sum(g.claim.cpus or 0 for g in groups),
+            "cpu_binding": format_ranges(binding(comp, devices)) or None,
             "pids": pids.get(ref, []),
             "memory_bytes": (memory or {}).get(ref),
             "started_at": worker.started_at if worker else None,
@@ -169,6 +182,7 @@ def component_view(
         "replicas_wanted": comp.replicas,
         "scope": spec.scope,
         "share_with": spec.share_with,
+        "group": spec.group,
         "shadow_of": comp.shadow_of,
         "deployment": comp.deployment,
         "command": list(spec.command) if spec.command is not None else None,

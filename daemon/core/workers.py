@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.model.config import CpuBindDefault, DaemonConfig
+from computegroups.daemon.model.enums import CpuBind
 from computegroups.daemon.model.refs import ReplicaRef
-from computegroups.daemon.model.requests import ComponentRequest
+from computegroups.daemon.model.requests import ComponentRequest, ComponentSpec
 from computegroups.daemon.paths import RUNTIME_MODE, own_dir
 from computegroups.daemon.supervision.supervisor import RestartPolicy, WorkerSpec
 from computegroups.daemon.supervision.workerenv import (
@@ -27,6 +29,7 @@ from computegroups.daemon.supervision.workerenv import (
 )
 from computegroups.daemon.supervision.worklogs import log_paths
 from computegroups.statefiles.schema import ComponentRecord, GroupRecord, StateDoc
+from computegroups.topology.model import Machine
 
 INSTANCE_VAR = "CG_INSTANCE"
 
@@ -80,16 +83,54 @@ class WorkerPaths:
         return self.runtime_dir / "roles" / f"{component}.{replica}"
 
 
+def cpu_bind_mode(machine: Machine, config: DaemonConfig, spec: ComponentSpec) -> CpuBind:
+    """The component's own `cpu_bind`, else cgd's default (`auto`: NUMA-local where there is
+    more than one NUMA node, as Slurm's --cpu-bind and NVIDIA's tuning guides advise)."""
+    if spec.cpu_bind is not None:
+        return spec.cpu_bind
+    if config.cpu_bind == CpuBindDefault.AUTO:
+        return CpuBind.NUMA if len(machine.numa_nodes) > 1 else CpuBind.NONE
+    return CpuBind(config.cpu_bind.value)
+
+
+def cpu_binding(machine: Machine, devices: list[VisibleDevice], mode: CpuBind) -> tuple[int, ...]:
+    """The CPUs local to a replica's GPUs (NVML's CPU affinity of each), their union when its
+    devices span NUMA nodes; () when it is not bound (mode `none`, no device, or unknown)."""
+    if mode != CpuBind.NUMA:
+        return ()
+    cpus: set[int] = set()
+    for d in devices:
+        try:
+            cpus.update(machine.gpu(d.gpu_index).cpu_affinity or ())
+        except KeyError:  # a GPU gone since: its CPUs are unknown
+            continue
+    return tuple(sorted(cpus))
+
+
+Binding = Callable[[ComponentRecord, list[VisibleDevice]], tuple[int, ...]]
+"""A replica's CPU binding from its component and devices (`binder`): what views show."""
+
+
+def binder(machine: Machine, config: DaemonConfig) -> Binding:
+    return lambda comp, devices: cpu_binding(machine, devices, cpu_bind_mode(machine, config, comp.spec))
+
+
+def replica_cpus(doc: StateDoc, machine: Machine, config: DaemonConfig, comp: ComponentRecord,
+                 replica: int) -> tuple[int, ...]:
+    return binder(machine, config)(comp, visible_devices(replica_groups(doc, comp.name, replica)))
+
+
 def build_env(
     doc: StateDoc, comp: ComponentRecord, replica: int, role: str,
-    paths: WorkerPaths, config: DaemonConfig,
+    paths: WorkerPaths, config: DaemonConfig, machine: Machine,
 ) -> dict[str, str]:
     request = ComponentRequest.from_spec(comp.name, comp.spec)
     groups = replica_groups(doc, comp.name, replica)
     mps = MpsSettings(str(paths.runtime_dir / "mps")) if config.mps else None
+    devices = visible_devices(groups)
     return worker_env(
         owner=owner_env(comp.owner_uid, comp.owner_gid),
-        devices=visible_devices(groups),
+        devices=devices,
         component=comp.name,
         replica=replica,
         role=role,
@@ -99,17 +140,18 @@ def build_env(
         mps=mps,
         extra=request.env,
         instance=paths.instance,
+        cpus=cpu_binding(machine, devices, cpu_bind_mode(machine, config, comp.spec)),
     )
 
 
 def build_spec(
     doc: StateDoc, comp: ComponentRecord, replica: int, role: str,
-    paths: WorkerPaths, config: DaemonConfig,
+    paths: WorkerPaths, config: DaemonConfig, machine: Machine,
 ) -> WorkerSpec:
     request = ComponentRequest.from_spec(comp.name, comp.spec)
     assert request.command is not None
     argv = ("/bin/sh", "-c", request.command[0]) if request.shell else request.command
-    env = build_env(doc, comp, replica, role, paths, config)
+    env = build_env(doc, comp, replica, role, paths, config, machine)
     stdout, stderr = log_paths(paths.log_dir, comp.name, replica)
     return WorkerSpec(
         key=watcher_key(comp.name, replica),
@@ -127,6 +169,7 @@ def build_spec(
         stop_timeout_s=request.stop_timeout_s,
         stop_signal=signal.SIGTERM,
         shell=request.shell,
+        cpus=replica_cpus(doc, machine, config, comp, replica),
     )
 
 

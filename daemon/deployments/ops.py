@@ -36,12 +36,14 @@ from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
     Caller,
     StateKeeper,
+    check_attachable,
     check_owner,
     drop_displaced,
     group_record,
 )
-from computegroups.daemon.deployments.plan import InstancePlan, Plan, expand
+from computegroups.daemon.deployments.plan import InstancePlan, Plan, expand, sibling_claim
 from computegroups.daemon.deployments.views import deployment_summary, deployment_tree
+from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.deployment import (
     DeploymentError,
     DeploymentSpec,
@@ -118,9 +120,10 @@ class Deployments:
         self.keeper.path_owner = deployment_using
         self._busy: set[str] = set()
 
-    async def apply(self, caller: Caller, data: Any, source: str | None) -> dict[str, Any]:
-        """Create the deployment, or bring it to a new version of its file."""
-        spec = _checked(lambda: parse(data, source))
+    async def apply(self, caller: Caller, data: Any, source: str | None,
+                    included: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Create the deployment, or bring it to a new version of its file (and of the files it includes)."""
+        spec = _checked(lambda: parse(data, source, included))
         created = False
 
         def decide() -> _Change:
@@ -182,7 +185,7 @@ class Deployments:
         for pid, ref in self.manager.worker_pids_and_shares()[0].items():
             pids.setdefault(ref, []).append(pid)
         return deployment_tree(self.keeper.doc, record, plan, {r: sorted(p) for r, p in pids.items()},
-                               self.keeper.config.device_naming, self.manager.replica_states)
+                               self.keeper.config.device_naming, self.manager.replica_states, self.manager.binding)
 
     def summaries(self) -> list[dict[str, Any]]:
         doc = self.keeper.doc
@@ -251,6 +254,8 @@ class Deployments:
             _check_env(change.new, change.owner[0], change.source)
             _check_free(doc, name, plan, mine, held)
         diff = _diff(doc, name, plan, change.new, change.owner, change.source, mine, held)
+        for gid in diff.kept_groups:  # before any worker stops: a drained group takes no new user
+            check_attachable(doc.groups[gid], _kept_users(diff, gid))
         if diff.new_groups:
             assert diff.spec is not None, "only a deployment that stays gets new groups"
             lowest = min((diff.spec.claim(plan.groups[gid].claim) for gid in diff.new_groups),
@@ -374,6 +379,49 @@ def _instance_spec(inst: InstancePlan) -> ComponentSpec:
     return inst.component.request(inst.path, inst.shadow_of).spec()
 
 
+def _batches(diff: _Diff) -> list[tuple[tuple[str, Claim], list[str]]]:
+    """The new groups in the batches they are placed in, all or nothing: one per sharing entry,
+    owner and claim (a claim's affinity to a sibling resolves per set replica), a batch whose
+    affinity names a component of another batch placed after it, so the sibling is already there
+    (a leader before its workers)."""
+    assert diff.spec is not None or not diff.new_groups, "only a deployment that stays gets new groups"
+    batches: dict[tuple[str, str, Claim], list[str]] = {}
+    spec = diff.spec
+    for gid in diff.new_groups:
+        assert spec is not None
+        g = diff.plan.groups[gid]
+        try:
+            claim = sibling_claim(spec, g, spec.claim(g.claim))
+        except DeploymentError as exc:
+            raise BadRequest(str(exc.within(diff.source) if diff.source and not exc.source else exc)) from None
+        batches.setdefault((g.origin, g.owner, claim), []).append(gid)
+    users = {key: {component_of(u) for gid in ids for u in diff.plan.groups[gid].users}
+             for key, ids in batches.items()}
+    ordered: list[tuple[tuple[str, Claim], list[str]]] = []
+    done: set[tuple[str, str, Claim]] = set()
+
+    def visit(key: tuple[str, str, Claim]) -> None:
+        """Place a batch after the batches its affinity names: depth first, so each leader is
+        followed by its own workers before the next set replica's leader takes a GPU."""
+        if key in done:
+            return
+        done.add(key)  # before the dependencies: a cycle of affinities is placed in file order
+        wanted = {t.component for t in key[2].affinity}
+        for other in batches:
+            if other != key and wanted & users[other]:
+                visit(other)
+        ordered.append(((key[1], key[2]), batches[key]))
+
+    for key in batches:
+        visit(key)
+    return ordered
+
+
+def _kept_users(diff: _Diff, gid: str) -> tuple[str, ...]:
+    """Who uses a group the change keeps: the plan's live users and the sharers from outside."""
+    return tuple(sorted(set(_live(diff.plan.groups[gid].users, diff)) | set(diff.foreign_users.get(gid, ()))))
+
+
 def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
     """The whole change, inside one open transaction; raises (and so changes
     nothing) when a new group does not fit."""
@@ -385,15 +433,11 @@ def _decide(doc: StateDoc, keeper: StateKeeper, diff: _Diff) -> None:
     for gid in diff.stale_groups:
         del doc.groups[gid]
     for gid in diff.kept_groups:
-        users = tuple(sorted(set(_live(plan.groups[gid].users, diff)) | set(diff.foreign_users.get(gid, ()))))
+        users = _kept_users(diff, gid)
+        check_attachable(doc.groups[gid], users)
         if users != doc.groups[gid].users:
             doc.groups[gid] = replace(doc.groups[gid], users=users)
-    batches: dict[tuple[str, str], list[str]] = {}
-    for gid in diff.new_groups:
-        batches.setdefault((plan.groups[gid].origin, plan.groups[gid].owner), []).append(gid)
-    for (_, owner), ids in batches.items():
-        assert diff.spec is not None, "only a deployment that stays gets new groups"
-        claim = diff.spec.claim(plan.groups[ids[0]].claim)
+    for (owner, claim), ids in _batches(diff):
         placements = keeper.place(doc, claim, ids, owner)
         drop_displaced(doc, placements)
         for p in placements:

@@ -20,7 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+import msgspec
+
 from computegroups.daemon.core.workers import replica_ref
+from computegroups.daemon.model.claims import AffinityTerm, Claim
 from computegroups.daemon.model.deployment import (
     ComponentTemplate,
     DeploymentError,
@@ -65,6 +68,10 @@ class GroupPlan:
     users: tuple[str, ...]
     origin: str
     """The sharing entry that makes it: `scaling_groups[0].sharing[1]`."""
+    set_replica: int | None = None
+    """The set replica the group belongs to; None for a set-level all-replicas group."""
+    group_path: str | None = None
+    """The scaling-group replica (`S-i-G-j`) the group lies inside, if any."""
 
     def describe(self) -> str:
         return f"{self.origin} (owner {self.owner!r}, claim {self.claim!r})"
@@ -143,18 +150,21 @@ class _Builder:
             for n, entry in enumerate(g.sharing):
                 origin = f"scaling_groups[{g_index}].sharing[{n}]"
                 per_replica = [[m for m in ms if _targets(entry, m)] for ms in members]
-                self.share(entry, owner, origin, per_replica)
+                self.share(entry, owner, origin, per_replica, i, owner)
             mine += [m for ms in members for m in ms]
         for n, entry in enumerate(spec.sharing):
             targets = [m for m in mine if _targets(entry, m)]
             if entry.scope == "all-replicas":
                 self.group(f"{spec.name}-all-{entry.claim}", entry, spec.name, None, targets, f"sharing[{n}]")
             else:
-                self.group(f"{spec.name}-{i}-{entry.claim}", entry, spec.name, i, targets, f"sharing[{n}]")
+                self.group(f"{spec.name}-{i}-{entry.claim}", entry, spec.name, i, targets, f"sharing[{n}]", i)
         for inst in mine:
+            inside = None if inst.scaling_group is None else \
+                f"{spec.name}-{i}-{inst.scaling_group}-{inst.group_replica}"
             for n, entry in enumerate(inst.component.sharing):
                 origin = f"{inst.origin}.sharing[{n}]"
-                self.share(entry, inst.path, origin, [[_Replica(inst, k)] for k in range(inst.replicas)])
+                self.share(entry, inst.path, origin, [[_Replica(inst, k)] for k in range(inst.replicas)], i,
+                           inside)
 
     def instance(self, path: str, c: ComponentTemplate, i: int, group: str | None, j: int | None,
                  sizes: Mapping[str, int]) -> InstancePlan:
@@ -182,19 +192,28 @@ class _Builder:
         self.owners.add(path)
         return path
 
-    def share(self, entry: SharingSpec, owner: str, origin: str, per_replica: list[list]) -> None:
-        """One group for every replica of the owner, or one per replica index."""
+    def share(self, entry: SharingSpec, owner: str, origin: str, per_replica: list[list], set_replica: int,
+              inside: str | None) -> None:
+        """One group for every replica of the owner, or one per replica index.
+
+        `inside` is the scaling-group replica the owner lies in, or, for a
+        scaling group's own entry, the scaling group (`S-i-G`): then each
+        per-replica group lies inside replica n of it.
+        """
+        group_owner = inside == owner
         if entry.scope == "all-replicas":
             self.group(f"{owner}-all-{entry.claim}", entry, owner, None,
-                       [t for targets in per_replica for t in targets], origin)
+                       [t for targets in per_replica for t in targets], origin, set_replica,
+                       None if group_owner else inside)
             return
         for n, targets in enumerate(per_replica):
-            self.group(f"{owner}-{n}-{entry.claim}", entry, owner, n, targets, origin)
+            self.group(f"{owner}-{n}-{entry.claim}", entry, owner, n, targets, origin, set_replica,
+                       f"{owner}-{n}" if group_owner else inside)
 
     def group(self, gid: str, entry: SharingSpec, owner: str, replica: int | None,
-              targets: list, origin: str) -> None:
+              targets: list, origin: str, set_replica: int | None = None, inside: str | None = None) -> None:
         users = {ref for t in targets for ref in _refs(t)}
-        plan = GroupPlan(gid, entry.claim, owner, entry.scope, replica, (), origin)
+        plan = GroupPlan(gid, entry.claim, owner, entry.scope, replica, (), origin, set_replica, inside)
         known = self.groups.get(gid)
         if known is not None and known.plan == plan:
             known.users |= users
@@ -223,6 +242,40 @@ class _Replica:
 
     instance: InstancePlan
     index: int
+
+
+def sibling_claim(spec: DeploymentSpec, group: GroupPlan, claim: Claim) -> Claim:
+    """The claim with its affinity terms that name a component of the file resolved to that
+    component's instance beside the group, as LeaderWorkerSet places a leader and its workers:
+    in the same set replica (and the same scaling-group replica, for a component of one).
+
+    A term naming anything else (a component outside the deployment) stays as written.
+    Raises DeploymentError when the group has no such sibling (a set-level all-replicas
+    group has no set replica; a scaling group's component is a sibling only inside it).
+    """
+    names = {c.name for c in spec.components}
+    if not any(t.component in names for t in (*claim.affinity, *claim.anti_affinity)):
+        return claim
+
+    def resolve(term: AffinityTerm, field: str) -> AffinityTerm:
+        if term.component not in names:
+            return term
+        where = f"claims: {group.claim}.{field}: {term.component!r}"
+        if group.set_replica is None:
+            raise DeploymentError(group.origin, f"{where} is resolved per set replica, and the all-replicas "
+                                                f"group {group.id!r} has none")
+        scaling_group = spec.group_of(term.component)
+        if scaling_group is None:
+            return AffinityTerm(f"{spec.name}-{group.set_replica}-{term.component}", term.level)
+        prefix = f"{spec.name}-{group.set_replica}-{scaling_group}-"
+        if group.group_path is None or not group.group_path.startswith(prefix):
+            raise DeploymentError(group.origin, f"{where} is in scaling group {scaling_group!r}: only a group "
+                                                "inside a replica of that scaling group has it as a sibling")
+        return AffinityTerm(f"{group.group_path}-{term.component}", term.level)
+
+    return msgspec.structs.replace(
+        claim, affinity=tuple(resolve(t, "affinity") for t in claim.affinity),
+        anti_affinity=tuple(resolve(t, "anti_affinity") for t in claim.anti_affinity))
 
 
 def _refs(target: InstancePlan | _Replica) -> Iterator[str]:

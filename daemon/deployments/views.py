@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from computegroups.daemon.core.views import component_view, device_view, owner_view
+from computegroups.daemon.core.workers import Binding
 from computegroups.daemon.deployments.plan import InstancePlan, Plan
 from computegroups.statefiles.schema import DeploymentRecord, StateDoc
 
@@ -32,7 +33,7 @@ def deployment_summary(doc: StateDoc, record: DeploymentRecord, plan: Plan) -> d
 
 def deployment_tree(
     doc: StateDoc, record: DeploymentRecord, plan: Plan, pids: dict[str, list[int]], naming: str,
-    replica_states: dict[str, str],
+    replica_states: dict[str, str], binding: Binding,
 ) -> dict[str, Any]:
     """Set -> set replicas -> scaling groups -> their replicas -> component
     instances -> replicas, each replica with the groups it uses and its devices."""
@@ -41,7 +42,7 @@ def deployment_tree(
 
     def node(inst: InstancePlan) -> dict[str, Any]:
         comp = doc.components.get(inst.path)
-        view = component_view(doc, comp, pids, naming, replica_states) if comp is not None else None
+        view = component_view(doc, comp, pids, naming, replica_states, binding) if comp is not None else None
         return {
             "name": inst.component.name,
             "path": inst.path,

@@ -377,6 +377,17 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             raise ClusterError(409, "conflict", f"{group_id} belongs to component {owner}: deallocate that")
         return await self._delete_held(group_id)
 
+    async def deallocate_group(self, group_id: str) -> bool:
+        """On a cluster each group is a claim of its own with its own holder pod, so one group is
+        freed alone, whoever it belongs to: its claim and holder are deleted."""
+        try:
+            await self._claim(group_id)
+        except ClusterError as exc:
+            if exc.code == "not_found":
+                return False
+            raise
+        return await self._delete_held(group_id)
+
     async def drain_group(self, group_id: str) -> dict[str, Json]:
         """A NoSchedule DeviceTaintRule per device of the group: the scheduler puts nothing new there."""
         version = await self.taint_rule_version()

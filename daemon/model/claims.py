@@ -26,10 +26,12 @@ from computegroups.daemon.model.decoding import (
 )
 from computegroups.daemon.model.enums import StrEnum
 from computegroups.daemon.model.names import NAME_PATTERN, NAME_PROBLEM, NAME_RE
+from computegroups.daemon.model.sharepolicy import SharingRules
 from computegroups.daemon.model.sizes import parse_size
 from computegroups.topology.model import DomainKind
 
 MAX_GPUS = 1024
+MAX_CPUS = 65536
 
 Name = Annotated[str, Meta(pattern=NAME_PATTERN)]
 """A component, group, reservation or deployment name: it becomes part of file names and group ids."""
@@ -89,6 +91,20 @@ else:
 
 
 Percent = Annotated[int, Meta(ge=1, le=100)]
+_CC_PATTERN = r"^[0-9]{1,2}\.[0-9]{1,2}$"
+PATTERN_PROBLEMS[_CC_PATTERN] = "expected a compute capability such as '8.0', got {value}"
+
+
+class ShareMode(StrEnum):
+    WHOLE = "whole"
+    SHARE = "share"
+    ANY = "any"
+
+
+class SameAttribute(StrEnum):
+    """The device attributes `same` can hold equal across a request's devices."""
+
+    MODEL = "model"
 
 
 class AffinityTerm(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -142,14 +158,33 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     allow_busy: bool = False
     affinity: tuple[AffinityTerm, ...] = ()
     anti_affinity: tuple[AffinityTerm, ...] = ()
+    share: ShareMode | None = None
+    """`whole` (a whole device only), `share` (a share only) or `any` (a share, else a whole device) for
+    a memory/compute claim; None: a share, as asked. DRA's "all of the device" vs "a share"."""
+    model: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
+    """Device selector: the GPU's model name matches this glob (`*H100*`)."""
+    min_memory_mib: MemorySize | None = None
+    """Device selector: the GPU's total memory is at least this (MiB, or a size)."""
+    compute_capability: Annotated[str, Meta(pattern=_CC_PATTERN)] | None = None
+    """Device selector: the GPU's compute capability is at least this (`8.0`)."""
+    same: SameAttribute | None = None
+    """Every device of the request has the same value of this attribute (DRA's matchAttribute)."""
+    cpus: Annotated[int, Meta(ge=0, le=MAX_CPUS)] | None = None
+    """CPUs counted against the machine's (never oversubscribed); alone, a CPU-only claim with no
+    device at all (0: supervised, but no CPUs counted)."""
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
-        if isinstance(self.memory_mib, str):
-            try:
-                set_(self, "memory_mib", parse_size(self.memory_mib))
-            except ValueError as exc:
-                raise ValueError(f"memory_mib: {exc}") from None
+        for key in ("memory_mib", "min_memory_mib"):
+            if isinstance(getattr(self, key), str):
+                try:
+                    set_(self, key, parse_size(getattr(self, key)))
+                except ValueError as exc:
+                    raise ValueError(f"{key}: {exc}") from None
+        if self.share is not None and not isinstance(self.share, ShareMode):
+            set_(self, "share", _enum(ShareMode, self.share, "share", ()))
+        if self.same is not None and not isinstance(self.same, SameAttribute):
+            set_(self, "same", _enum(SameAttribute, self.same, "same", ()))
         if self.strategy is not None and not isinstance(self.strategy, Strategy):
             set_(self, "strategy", _enum(Strategy, self.strategy, "strategy", ()))
         for key in ("colocate", "exclusive"):
@@ -165,10 +200,14 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     @property
     def kind(self) -> str:
-        """`whole`, `share` or `mig`: which of the three placement paths serves it."""
+        """`whole`, `share`, `mig` or `cpu` (no device): which placement path serves it."""
         if self.gpus is not None:
             return "whole"
-        return "mig" if self.mig is not None else "share"
+        if self.mig is not None:
+            return "mig"
+        if self.memory_mib is None and self.compute_pct is None:
+            return "cpu"
+        return "share"
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "claim") -> Claim:
@@ -189,17 +228,30 @@ def _enum(cls: type[Enum], value: Any, key: str, extra: tuple[str, ...]) -> Any:
         raise ValueError(f"{key}: must be one of {options}, got {value!r}") from None
 
 
+GPU_RULES = ("distinct", "colocate", "exclusive", "pool", "gpu_ids", "allow_busy", "affinity", "anti_affinity",
+             "share", "model", "min_memory_mib", "compute_capability", "same")
+"""The placement rules that choose among GPUs: a CPU-only claim has none to choose."""
+
+
 def _check_kind(c: Claim) -> None:
     share = c.memory_mib is not None or c.compute_pct is not None
     given = [name for name, on in (("gpus", c.gpus is not None), ("memory_mib/compute_pct", share),
                                    ("mig", c.mig is not None)) if on]
-    if len(given) != 1:
+    if len(given) > 1 or (not given and c.cpus is None):
         problem = "nothing claimed" if not given else f"{' and '.join(given)} do not combine"
-        raise ValueError(f": {problem}: give exactly one of gpus, memory_mib and/or compute_pct, or mig")
+        raise ValueError(f": {problem}: give exactly one of gpus, memory_mib and/or compute_pct, or mig "
+                         "(or cpus alone, for no device)")
+    if not given:
+        rules = [k for k in GPU_RULES if getattr(c, k) not in (None, False, ())]
+        if rules:
+            raise ValueError(f"{rules[0]}: a CPU-only claim (cpus alone) places no GPU: leave it out")
 
 
 def _check_ranges(c: Claim) -> None:
     """The rules that span fields, and those a claim built in code (not decoded) must also meet."""
+    if c.share is not None and c.kind in ("whole", "mig"):
+        raise ValueError(f"share: only for a memory/compute claim ({'gpus' if c.kind == 'whole' else 'mig'} "
+                         "asks for whole devices)")
     if c.exclusive is DomainKind.MACHINE:
         raise ValueError("exclusive: must be one of nvlink, pcie, numa, none "
                          "(a whole machine is not a domain to hold alone)")
@@ -223,6 +275,8 @@ class AllocatorConfig:
     default_share_mib: int | None = None
     default_share_fraction: float = 0.25
     default_strategy: Strategy = Strategy.BINPACK
+    sharing: SharingRules = field(default_factory=SharingRules)
+    """Each GPU's sharing policy (`[sharing]`): shareable at all, and what a share may take."""
 
     def __post_init__(self) -> None:
         if not 0 < self.default_share_fraction <= 1:
@@ -231,9 +285,13 @@ class AllocatorConfig:
             raise ValueError(f"default_share_mib must be at least 1, got {self.default_share_mib}")
 
     def pool_problems(self, gpu_count: int) -> list[str]:
-        """Pools naming a GPU this machine lacks: a typo that would make the pool quietly smaller."""
-        return [f"pools.{name}: GPU {index} is not on this machine ({gpu_count} GPUs, 0-{gpu_count - 1})"
-                for name, gpus in sorted(self.pools.items()) for index in sorted(gpus) if index >= gpu_count]
+        """Pools and sharing policies naming a GPU this machine lacks: a typo that would make a
+        pool quietly smaller, or a policy quietly apply to nothing."""
+        where = f"({gpu_count} GPUs, 0-{gpu_count - 1})" if gpu_count else "(it has no GPU)"
+        return [f"pools.{name}: GPU {index} is not on this machine {where}"
+                for name, gpus in sorted(self.pools.items()) for index in sorted(gpus) if index >= gpu_count] + [
+                f"sharing.gpus.{index}: GPU {index} is not on this machine {where}"
+                for index in sorted(self.sharing.gpus) if index >= gpu_count]
 
     def share_mib(self, device_mib: int) -> int:
         if self.default_share_mib is not None:

@@ -21,6 +21,7 @@ from msgspec import Meta
 
 from computegroups.daemon.model.claims import AllocatorConfig, Strategy, parse_size
 from computegroups.daemon.model.decoding import ModelError, convert
+from computegroups.daemon.model.sharepolicy import SharingTable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -60,6 +61,15 @@ class WorkerTracking(str, Enum):
     AUTO = "auto"
     CGROUP = "cgroup"
     MARKS = "marks"
+
+
+class CpuBindDefault(str, Enum):
+    """Workers' CPU binding when their component does not say: `auto` binds to the GPUs' NUMA-local
+    CPUs on a machine with more than one NUMA node, and not at all on one with a single node."""
+
+    AUTO = "auto"
+    NUMA = "numa"
+    NONE = "none"
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -114,6 +124,7 @@ class Workers(_Section, frozen=True, kw_only=True):
     log_max_bytes: PositiveInt = 100 * 1024 * 1024
     log_backups: PositiveInt = 3
     tracking: WorkerTracking = WorkerTracking.AUTO
+    cpu_bind: CpuBindDefault = CpuBindDefault.AUTO
 
     def signal_number(self) -> int:
         try:
@@ -163,6 +174,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     workers: Workers = msgspec.field(default_factory=Workers)
     limits: Limits = msgspec.field(default_factory=Limits)
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
+    sharing: SharingTable = msgspec.field(default_factory=SharingTable)
     events: EventsConfig = msgspec.field(default_factory=EventsConfig)
     metrics_listen: str | None = None
     """A TCP address to serve `/metrics` on for Prometheus as well (off by default: the
@@ -171,11 +183,16 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
     def daemon_config(self) -> DaemonConfig:
         """What cgd reads; raises ModelError for a value that only reads as text."""
         share_mib, share_fraction = self.placement.share()
+        try:
+            sharing = self.sharing.rules()
+        except ValueError as exc:
+            path, _, problem = str(exc).partition(": ")
+            raise ModelError(path, problem) from None
         return DaemonConfig(
             allocator=AllocatorConfig(
                 pools={name: frozenset(gpus) for name, gpus in self.pools.items()},
                 default_share_mib=share_mib, default_share_fraction=share_fraction,
-                default_strategy=self.placement.default_strategy,
+                default_strategy=self.placement.default_strategy, sharing=sharing,
             ),
             health=self.health,
             share_enforcement=self.shares.enforcement,
@@ -185,6 +202,7 @@ class ConfigFile(_Section, frozen=True, kw_only=True):
             log_max_bytes=self.workers.log_max_bytes,
             log_backups=self.workers.log_backups,
             worker_tracking=self.workers.tracking,
+            cpu_bind=self.workers.cpu_bind,
             limits=self.limits,
             jobs=self.jobs,
             events=self.events,
@@ -214,6 +232,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
     log_max_bytes: int = 100 * 1024 * 1024
     log_backups: int = 3
     worker_tracking: WorkerTracking = WorkerTracking.AUTO
+    cpu_bind: CpuBindDefault = CpuBindDefault.AUTO
     limits: Limits = msgspec.field(default_factory=Limits)
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
     events: EventsConfig = msgspec.field(default_factory=EventsConfig)

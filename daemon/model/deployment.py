@@ -28,7 +28,7 @@ from msgspec.structs import replace
 
 from computegroups.daemon.model.claims import Claim, MemorySize, Name, Percent
 from computegroups.daemon.model.decoding import ModelError, convert, to_plain
-from computegroups.daemon.model.enums import RestartMode
+from computegroups.daemon.model.enums import CpuBind, RestartMode
 from computegroups.daemon.model.requests import (
     _NO_NUL,
     MAX_REPLICAS,
@@ -68,6 +68,9 @@ class ApplyRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     spec: dict[str, Any]
     source: Annotated[str, Meta(min_length=1, max_length=MAX_SOURCE, pattern=_NO_NUL)] | None = None
+    included: dict[Annotated[str, Meta(min_length=1, max_length=MAX_SOURCE, pattern=_NO_NUL)], Any] = {}
+    """The files the spec's `include` names, as the client read them (cgd reads no file on a
+    caller's behalf): each path as written in `include`, to its content."""
 
 
 class DeploymentScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -184,6 +187,7 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     stop_timeout_s: Seconds = 10.0
     sharing: _SharingIn = _LEFT_OUT
     shadow_of: Name | None = None
+    cpu_bind: CpuBind | None = None
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
@@ -206,7 +210,8 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         if restart.policy is None:  # a deployment runs services
             restart = msgspec.structs.replace(restart, policy=RestartMode.ALWAYS)
         return ComponentRequest(name=path, shadow_of=shadow_of, command=self.command, env=dict(self.env),
-                                cwd=self.cwd, restart=restart, stop_timeout_s=self.stop_timeout_s)
+                                cwd=self.cwd, restart=restart, stop_timeout_s=self.stop_timeout_s,
+                                cpu_bind=self.cpu_bind)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -224,6 +229,8 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
         out["stop_timeout_s"] = self.stop_timeout_s
         if self.sharing:
             out["sharing"] = [s.to_dict() for s in self.sharing]
+        if self.cpu_bind is not None:
+            out["cpu_bind"] = str(self.cpu_bind)
         return out
 
 
@@ -377,10 +384,61 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return _decode(data, cls, None)
 
 
-def parse(data: Any, source: str | None = None) -> DeploymentSpec:
-    """Decode a deployment file; refusals name the file, the path and the problem."""
+def parse(data: Any, source: str | None = None, included: dict[str, Any] | None = None) -> DeploymentSpec:
+    """Decode a deployment file; refusals name the file, the path and the problem.
+
+    `include = ["claims/gpu.toml"]` takes the `[[claims]]` of other files (as
+    Grove references external ResourceClaimTemplates): their claims come
+    before the file's own, in the order listed, and `included` holds their
+    content, read by the client.
+    """
+    if isinstance(data, dict) and "include" in data:
+        data = _with_included(data, source, included or {})
+    elif included:
+        raise DeploymentError("include", f"{', '.join(sorted(included))}: sent, but the file includes nothing",
+                              source)
     file = _decode(data, DeploymentFile, source)
     return DeploymentSpec(file=file, sizes=(_file_sizes(file),) * file.replicas)
+
+
+class IncludedFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What an included file may hold: claims, nothing else."""
+
+    claims: tuple[ClaimSpec, ...] = ()
+
+
+def _with_included(data: dict[str, Any], source: str | None, included: dict[str, Any]) -> dict[str, Any]:
+    paths = data["include"]
+    if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
+        raise DeploymentError("include", "expected a list of file paths", source)
+    if len(set(paths)) != len(paths):
+        raise DeploymentError("include", "a file is listed twice", source)
+    unsent = sorted(set(included) - set(paths))
+    if unsent:
+        raise DeploymentError("include", f"{unsent[0]}: sent, but not listed in include", source)
+    claims: list[Any] = []
+    defined: dict[str, str] = {}
+    for i, path in enumerate(paths):
+        if path not in included:
+            raise DeploymentError(f"include[{i}]", f"{path}: its content was not sent (cgctl apply reads it)",
+                                  source)
+        content = included[path]
+        if isinstance(content, dict) and "include" in content:
+            raise DeploymentError("include", "an included file includes no other file", path)
+        _decode(content, IncludedFile, path)
+        for claim in content.get("claims", []):
+            name = claim["name"]
+            if name in defined:
+                raise DeploymentError("claims", f"claim {name!r} is defined in {defined[name]} and in {path}",
+                                      source)
+            defined[name] = path
+            claims.append(claim)
+    own = data.get("claims", [])
+    for n, claim in enumerate(own if isinstance(own, list) else []):
+        name = claim.get("name") if isinstance(claim, dict) else None
+        if name in defined:
+            raise DeploymentError(f"claims[{n}].name", f"claim {name!r} is defined in {defined[name]} too", source)
+    return {**{k: v for k, v in data.items() if k != "include"}, "claims": [*claims, *own]}
 
 
 def _decode(data: Any, type_: Any, source: str | None) -> Any:

@@ -76,3 +76,10 @@ class ComponentState(StrEnum):
     """Its groups' GPUs left the machine."""
     RELEASING = "releasing"
     """Its workers are being stopped; the record goes once they have."""
+
+
+class CpuBind(StrEnum):
+    """Which CPUs a worker runs on: those local to its GPUs (NVML's CPU affinity), or any."""
+
+    NUMA = "numa"
+    NONE = "none"

@@ -25,7 +25,7 @@ from computegroups.daemon.model.decoding import (
     ModelError,
     convert,
 )
-from computegroups.daemon.model.enums import RestartMode, Scope
+from computegroups.daemon.model.enums import CpuBind, RestartMode, Scope
 from computegroups.daemon.model.names import NAME_PATTERN, NAME_RE
 
 __all__ = [
@@ -112,6 +112,9 @@ PATTERN_PROBLEMS[_ENV_NAME] = "not a valid variable name"
 _NO_NUL = r"^[^\x00]*$"
 PATTERN_PROBLEMS[_NO_NUL] = "expected a string without NUL bytes"
 Text = Annotated[str, Meta(pattern=_NO_NUL)]
+_GROUP_ID = r"^[a-z0-9][a-z0-9.-]{0,199}$"
+PATTERN_PROBLEMS[_GROUP_ID] = "not a group id (`cgctl group list` lists them)"
+GroupId = Annotated[str, Meta(pattern=_GROUP_ID)]
 EnvName = Annotated[str, Meta(pattern=_ENV_NAME)]
 Replicas = Annotated[int, Meta(ge=1, le=MAX_REPLICAS)]
 Seconds = Annotated[float, Meta(ge=0, le=3600)]
@@ -149,6 +152,8 @@ class _Process(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     scope: Scope = Scope.PER_REPLICA
     share_with: Name | None = None
     shadow_of: Name | None = None
+    group: GroupId | None = None
+    """A group made on its own (`POST /v1/groups`) that every replica attaches to, instead of a claim."""
     command: Annotated[tuple[Text, ...], Meta(min_length=1)] | None = None
     shell: bool = False
     env: dict[EnvName, Text] = {}
@@ -157,12 +162,15 @@ class _Process(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     stop_timeout_s: Seconds = 10.0
     time_limit_s: TimeLimit | None = None
     """A replica still running this long after it started is stopped and marked `timeout` (Slurm's --time)."""
+    cpu_bind: CpuBind | None = None
+    """`numa`: the worker runs on the CPUs local to its GPUs; `none`: on any; None: cgd's default."""
 
     def __post_init__(self) -> None:
-        if self.share_with and self.shadow_of:
-            raise ValueError("share_with: cannot be combined with shadow_of")
-        if self.claim is not None and (self.share_with or self.shadow_of):
-            which = "share_with" if self.share_with else "shadow_of"
+        attach = [k for k in ("share_with", "shadow_of", "group") if getattr(self, k)]
+        if len(attach) > 1:
+            raise ValueError(f"{attach[0]}: cannot be combined with {attach[1]}")
+        if self.claim is not None and attach:
+            which = attach[0]
             raise ValueError(f"claim: not allowed with {which}: the groups come from {getattr(self, which)!r}")
         if self.command is not None and not self.command[0]:
             raise ValueError("command[0]: the program may not be empty")
@@ -203,8 +211,10 @@ class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_field
         """The form kept in the state file (the lease lives on the record)."""
         return ComponentSpec(
             claim=self.claim, scope=self.scope, share_with=self.share_with,
-            shadow_of=self.shadow_of, command=self.command, shell=self.shell, env=dict(self.env), cwd=self.cwd,
+            shadow_of=self.shadow_of, group=self.group, command=self.command, shell=self.shell,
+            env=dict(self.env), cwd=self.cwd,
             restart=self.restart, stop_timeout_s=float(self.stop_timeout_s), time_limit_s=self.time_limit_s,
+            cpu_bind=self.cpu_bind,
         )
 
     @classmethod
@@ -212,8 +222,8 @@ class ComponentRequest(_Process, frozen=True, kw_only=True, forbid_unknown_field
         """The request a stored component was made from (its replica count left to the record)."""
         return cls(
             name=name, claim=s.claim, scope=s.scope, share_with=s.share_with, shadow_of=s.shadow_of,
-            command=s.command, shell=s.shell, env=dict(s.env), cwd=s.cwd, restart=s.restart,
-            stop_timeout_s=s.stop_timeout_s, time_limit_s=s.time_limit_s,
+            group=s.group, command=s.command, shell=s.shell, env=dict(s.env), cwd=s.cwd, restart=s.restart,
+            stop_timeout_s=s.stop_timeout_s, time_limit_s=s.time_limit_s, cpu_bind=s.cpu_bind,
         )
 
 

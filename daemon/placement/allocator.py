@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from computegroups.daemon.model.claims import AllocatorConfig, Claim
 from computegroups.daemon.placement import shares, wholes
+from computegroups.daemon.placement.cpus import check_cpus, cpu_placement
 from computegroups.daemon.placement.explain import IN_USE
 from computegroups.daemon.placement.feasible import check_ever
 from computegroups.daemon.placement.ledger import Ledger
@@ -61,7 +62,9 @@ class Allocator:
         live = [gid for gid in ids if gid in self.ledger.holdings]
         if live:
             raise ValueError(f"group {live[0]!r} is already placed")
-        check_ever(self.topo, self.config, claim, len(ids))
+        check_cpus(self.ledger, claim, len(ids))
+        if claim.kind != "cpu":
+            check_ever(self.topo, self.config, claim, len(ids))
         undo: list[tuple[str, Holding]] = []
         placements: list[Placement] = []
         avoid: set[int] = set()
@@ -147,6 +150,12 @@ class Allocator:
     def _place_one(self, claim: Claim, gid: str, owner: str, reserved: bool, avoid: set[int],
                    undo: list[tuple[str, Holding]]) -> Placement:
         displaced: list[str] = []
+        if claim.kind == "cpu":
+            holding = Holding(group_id=gid, devices=(), owner=owner, priority=claim.priority,
+                              reserved=reserved, cpus=claim.cpus or 0)
+            self.ledger.add(holding)
+            undo.append(("added", holding))
+            return cpu_placement(claim, gid)
         try:
             placement = self._decide(Rules(self.topo, self.ledger, self.config, claim, avoid), gid)
         except DoesNotFitNow as first:
@@ -159,7 +168,7 @@ class Allocator:
             placement = self._decide(Rules(self.topo, self.ledger, self.config, claim, avoid), gid)
         holding = Holding(group_id=gid, devices=placement.devices, owner=owner, users=frozenset(),
                           exclusive_domain=placement.exclusive_domain, priority=claim.priority,
-                          reserved=reserved)
+                          reserved=reserved, cpus=claim.cpus or 0)
         self.ledger.add(holding)
         undo.append(("added", holding))
         return replace(placement, displaced=tuple(displaced))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from computegroups.daemon.model.claims import AllocatorConfig, Claim
 from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase, mib
 from computegroups.daemon.placement.records import NeverFits
+from computegroups.daemon.placement.selectors import gpu_kinds, has_selectors, selected, selector_text
 from computegroups.daemon.placement.shares import may_use_mig
 from computegroups.daemon.placement.topo import Topo
 from computegroups.topology.model import DomainKind
@@ -38,6 +39,11 @@ def _scope(topo: Topo, config: AllocatorConfig, claim: Claim) -> list[int]:
         if missing:
             raise NeverFits(f"gpu_ids names {gpus_phrase(missing)}, not on this machine ({gpus_phrase(topo.gpus)})")
         gpus &= set(claim.gpu_ids)
+    chosen = selected(topo.machine, claim)
+    if chosen is not None:
+        if not chosen:
+            raise NeverFits(f"no GPU of this machine has {selector_text(claim)} (it has {gpu_kinds(topo.machine)})")
+        gpus &= chosen
     return sorted(gpus)
 
 
@@ -47,6 +53,8 @@ def _where(claim: Claim) -> str:
         parts.append(f"pool {claim.pool!r}")
     if claim.gpu_ids is not None:
         parts.append(f"gpu_ids {','.join(map(str, claim.gpu_ids))}")
+    if has_selectors(claim):
+        parts.append(f"the GPUs with {selector_text(claim)}")
     return " and ".join(parts) or "this machine"
 
 

@@ -28,6 +28,7 @@ class Ledger:
         self.by_component: dict[str, set[str]] = {}
         self.unavailable: frozenset[int] = frozenset()
         self.foreign: dict[int, int] = {}
+        self.cpus_used = 0
 
     def add(self, h: Holding) -> None:
         if h.group_id in self.holdings:
@@ -53,6 +54,7 @@ class Ledger:
 
     def _account(self, h: Holding, sign: int) -> None:
         """Over-capacity input (a restore after the machine changed) is counted, not refused."""
+        self.cpus_used += sign * h.cpus
         for d in h.devices:
             if d.gpu not in self.total:
                 continue

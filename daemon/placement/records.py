@@ -111,6 +111,7 @@ class Holding:
     exclusive_domain: frozenset[int] | None = None
     priority: int = 0
     reserved: bool = False
+    cpus: int = 0
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Cla
 from computegroups.daemon.placement.explain import HELD, HELD_EXCLUSIVELY, domain_name
 from computegroups.daemon.placement.ledger import Ledger
 from computegroups.daemon.placement.records import Holding
+from computegroups.daemon.placement.selectors import selected
 from computegroups.daemon.placement.topo import Topo
 
 
@@ -61,6 +62,9 @@ class Rules:
             gpus &= self.config.pools.get(self.claim.pool, frozenset())
         if self.claim.gpu_ids is not None:
             gpus &= set(self.claim.gpu_ids)
+        chosen = selected(self.topo.machine, self.claim)
+        if chosen is not None:
+            gpus &= chosen
         return tuple(sorted(gpus))
 
     def groups(self, gpu: int) -> set[str]:

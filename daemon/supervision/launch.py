@@ -73,7 +73,7 @@ SPEC_SUFFIX = ".spec"
 EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
 STATUS_MODE = 0o600
-_FORMAT = "cg-launch-3"
+_FORMAT = "cg-launch-4"
 """The first field of every spec: a shim never execs a file it does not understand."""
 _ENCODING = ("utf-8", "surrogateescape")
 """As `os.fsencode` on Linux: any bytes of a path or argument go through unchanged."""
@@ -81,18 +81,19 @@ _ENCODING = ("utf-8", "surrogateescape")
 
 class LaunchSpec:
     """What the shim needs: the command, its complete environment, its user,
-    its log files, where to write how it ended and the worker's cgroup. Encoded
-    as `cg-launch-3`, uid, gid, stdout, stderr, cwd (empty for none), status
-    file (empty for none), cgroup directory (empty for none), the number of
+    its log files, where to write how it ended, the worker's cgroup and the
+    CPUs to bind it to. Encoded as `cg-launch-4`, uid, gid, stdout, stderr,
+    cwd (empty for none), status file (empty for none), cgroup directory
+    (empty for none), CPUs (comma-separated, empty for no binding), the number of
     arguments, the arguments, then one `KEY=VALUE` per variable, separated by
     NUL (no field can hold one: the kernel takes every one of them as a C
     string)."""
 
-    __slots__ = ("argv", "cgroup", "cwd", "env", "gid", "status", "stderr", "stdout", "uid")
+    __slots__ = ("argv", "cgroup", "cpus", "cwd", "env", "gid", "status", "stderr", "stdout", "uid")
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], uid: int, gid: int,
                  stdout: str, stderr: str, cwd: str | None = None, status: str | None = None,
-                 cgroup: str | None = None) -> None:
+                 cgroup: str | None = None, cpus: Sequence[int] = ()) -> None:
         self.argv = tuple(argv)
         self.env = dict(env)
         self.uid = uid
@@ -102,6 +103,7 @@ class LaunchSpec:
         self.cwd = cwd
         self.status = status
         self.cgroup = cgroup
+        self.cpus = tuple(cpus)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LaunchSpec) and self._fields() == other._fields()
@@ -119,7 +121,8 @@ class LaunchSpec:
             if not key or "=" in key:
                 raise ValueError(f"environment variable name {key!r} is empty or holds '='")
         fields = [_FORMAT, str(self.uid), str(self.gid), self.stdout, self.stderr, self.cwd or "",
-                  self.status or "", self.cgroup or "", str(len(self.argv)), *self.argv,
+                  self.status or "", self.cgroup or "", ",".join(map(str, self.cpus)), str(len(self.argv)),
+                  *self.argv,
                   *(f"{k}={v}" for k, v in self.env.items())]
         if any("\0" in f for f in fields):
             raise ValueError("no argument, variable or path may hold a NUL byte")
@@ -128,10 +131,10 @@ class LaunchSpec:
     @classmethod
     def decode(cls, data: bytes) -> LaunchSpec:
         fields = data.decode(*_ENCODING).split("\0")
-        if len(fields) < 10 or fields[0] != _FORMAT:
+        if len(fields) < 11 or fields[0] != _FORMAT:
             raise ValueError(f"not a {_FORMAT} spec")
-        count = int(fields[8])
-        argv, variables = fields[9:9 + count], fields[9 + count:]
+        count = int(fields[9])
+        argv, variables = fields[10:10 + count], fields[10 + count:]
         if count < 1 or len(argv) != count:
             raise ValueError("argv must be a non-empty list of strings")
         env = {}
@@ -142,7 +145,7 @@ class LaunchSpec:
             env[key] = value
         return cls(argv=argv, env=env, uid=int(fields[1]), gid=int(fields[2]),
                    stdout=fields[3], stderr=fields[4], cwd=fields[5] or None, status=fields[6] or None,
-                   cgroup=fields[7] or None)
+                   cgroup=fields[7] or None, cpus=tuple(int(c) for c in fields[8].split(",") if c))
 
 
 def compile_shim(directory: str) -> str:
@@ -219,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     if spec.cgroup:
         _join_cgroup(spec.cgroup)
     _redirect_output(spec)
+    if spec.cpus:
+        _bind_cpus(spec.cpus)
     status = _open_status(spec.status) if spec.status else -1
     try:
         become(spec.uid, spec.gid)
@@ -243,6 +248,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     code = _wait_passing_signals(worker)
     os.pwrite(status, f"{os.getpid()} {worker} {code}\n".encode(), 0)
     _exit_like(code)
+
+
+def _bind_cpus(cpus: Sequence[int]) -> None:
+    """Bind the shim, and so the worker it forks, to its GPUs' NUMA-local CPUs. A binding the
+    kernel refuses (a cpuset that excludes them) is said in the worker's log, not fatal."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        os.write(2, f"cgd launch: CPU binding not applied: {exc}\n".encode())
 
 
 def _exec(spec: LaunchSpec) -> NoReturn:

@@ -64,6 +64,7 @@ from computegroups.daemon.supervision.launch import (
 )
 from computegroups.daemon.supervision.processes import ProcessHandle, start_time
 from computegroups.daemon.supervision.proctree import marked_processes
+from computegroups.topology.ranges import format_ranges
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,8 @@ class WorkerSpec:
     stop_timeout_s: float = 10.0
     stop_signal: int = signals.SIGTERM
     shell: bool = False
+    cpus: tuple[int, ...] = ()
+    """The CPUs the worker is bound to (its GPUs' NUMA-local ones); () for none."""
 
 
 def describe_exit(returncode: int | None, *, adopted: bool = False) -> str:
@@ -227,6 +230,8 @@ class Supervisor:
         self._tasks: set[asyncio.Task[None]] = set()
         self._cleanups: dict[str, asyncio.Task[None]] = {}
         """Per worker key: stopping what its last run left running (see `_end_leftovers`)."""
+        self._unbound: set[tuple[int, ...]] = set()
+        """CPU bindings already logged as not applied (their CPUs are not on this host)."""
         self._arbiter: LoopArbiter | None = None
         self._shim = ""
         """The compiled launch shim, in the arbiter's private directory (see launch.py)."""
@@ -428,6 +433,24 @@ class Supervisor:
         worker = self._workers.get(key)
         return worker is not None and worker.run is not None and worker.run.handle.alive()
 
+    def _applicable_cpus(self, spec: WorkerSpec) -> tuple[int, ...]:
+        """The worker's CPU binding where its CPUs exist on this host; () where they do not.
+
+        A simulated machine lists the CPUs of the box it describes, which this
+        host may not have: the binding is still shown (CG_CPUS, the views),
+        and that it is not applied is logged once per binding.
+        """
+        if not spec.cpus:
+            return ()
+        missing = set(spec.cpus) - os.sched_getaffinity(0)
+        if not missing:
+            return spec.cpus
+        if spec.cpus not in self._unbound:
+            self._unbound.add(spec.cpus)
+            log.info("CPU binding %s (%s and others) not applied: CPUs %s are not on this host",
+                     format_ranges(spec.cpus), spec.key, format_ranges(missing))
+        return ()
+
     def _new_worker(self, spec: WorkerSpec) -> _Worker:
         if self._arbiter is None or self._closing:
             raise RuntimeError("the supervisor is not running")
@@ -458,7 +481,7 @@ class Supervisor:
         write_spec(str(worker.spec_file), LaunchSpec(
             argv=tuple(spec.argv), env=dict(spec.env), uid=spec.uid, gid=spec.gid,
             stdout=spec.stdout_path, stderr=spec.stderr_path, cwd=spec.cwd, status=status_file,
-            cgroup=str(cgroup) if cgroup is not None else None,
+            cgroup=str(cgroup) if cgroup is not None else None, cpus=self._applicable_cpus(spec),
         ))
         if worker.watcher is None:
             worker.watcher = self._arbiter.add(

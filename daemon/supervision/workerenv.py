@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from computegroups.daemon.model.requests import check_env
+from computegroups.topology.ranges import format_ranges
 
 ROLES = ("primary", "shadow")
 NAMINGS = ("indices", "uuid")
@@ -86,12 +87,15 @@ def worker_env(
     mps: MpsSettings | None = None,
     extra: Mapping[str, str] = {},
     instance: str | None = None,
+    cpus: Sequence[int] = (),
 ) -> dict[str, str]:
     """The complete environment of one worker: nothing else is inherited.
 
     `instance` (cgd's state directory) is set as CG_INSTANCE so that a later
     cgd can find this worker and its children after a crash, even ones the
-    state never recorded.
+    state never recorded. `cpus`, the CPUs the worker is bound to (those
+    local to its GPUs), is CG_CPUS in the kernel's list format (`0-55,112-167`);
+    unset when it is not bound.
 
     CUDA_VISIBLE_DEVICES names the devices in the order given:
 
@@ -172,6 +176,8 @@ def worker_env(
     })
     if instance is not None:
         env["CG_INSTANCE"] = instance
+    if cpus:
+        env["CG_CPUS"] = format_ranges(cpus)
     shares = [(ordinal, d) for ordinal, d in enumerate(merged) if not d.whole]
     if shares:
         env["CG_GPU_MEMORY_MIB"] = ",".join(str(d.memory_mib) for d in merged)

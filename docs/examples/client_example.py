@@ -57,7 +57,12 @@ async def run(manager: ComputeGroupManager) -> list[dict[str, Any]]:
     except CgdError as exc:
         print(f"refused as expected ({exc.code}): {exc.message}")
 
-    await manager.deallocate_compute_group(group.id)  # frees the whole component
+    # A component attaches to the share by its id; while it does, the share cannot be deleted.
+    await manager.allocate_compute_group("example-cache", {}, {"group": share.id})
+
+    await manager.deallocate_compute_group("example-train-1")  # the last replica's group: scales in to 1
+    await manager.deallocate_compute_group(group.id)  # its only replica now: the component is released
+    await manager.provider.deallocate_resources("example-cache", [])
     await manager.delete_compute_group(share.id)
     print("released")
     return held

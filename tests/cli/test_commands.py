@@ -82,10 +82,19 @@ def test_allocate_without_size_takes_the_reservation(cgd: FakeCgd) -> None:
 
 def test_allocate_without_size_or_reservation_is_a_usage_error(cgd: FakeCgd) -> None:
     cgd.on("GET", "/v1/reservations", {"reservations": []})
+    cgd.on("GET", "/v1/version", {"machine": {"gpus": 8}})
     result = cgctl("allocate", "web")
     assert result.exit_code == 2
-    assert "--gpus N, --memory SIZE or --mig PROFILE" in result.stderr
+    assert "--gpus N, --memory SIZE, --mig PROFILE or --cpus N" in result.stderr
     assert cgd.sent("POST") == []
+
+
+def test_allocate_without_size_on_a_machine_without_gpus_runs_cpu_only(cgd: FakeCgd) -> None:
+    cgd.on("GET", "/v1/reservations", {"reservations": []})
+    cgd.on("GET", "/v1/version", {"machine": {"gpus": 0}})
+    cgd.on("POST", "/v1/components", component())
+    assert cgctl("allocate", "web").exit_code == 0
+    assert cgd.sent("POST")[0][2] == {"name": "web"}
 
 
 @pytest.mark.parametrize("args", [

@@ -117,10 +117,13 @@ def test_allocation_only_has_no_cwd_and_a_lease_when_asked() -> None:
 def test_sharing_takes_no_claim() -> None:
     body = build_component("side", _opts(share_with="web", scope="all-replicas"))
     assert body == {"name": "side", "share_with": "web", "scope": "all-replicas"}
-    with pytest.raises(click.UsageError, match="--share-with uses that component's groups"):
+    with pytest.raises(click.UsageError, match="--share-with uses existing groups"):
         build_component("side", _opts(share_with="web", gpus=1))
     with pytest.raises(click.UsageError, match="exclude each other"):
         build_component("side", _opts(share_with="web", shadow_of="web"))
+    assert build_component("side", _opts(group="group.1")) == {"name": "side", "group": "group.1"}
+    with pytest.raises(click.UsageError, match="exclude each other"):
+        build_component("side", _opts(share_with="web", group="group.1"))
 
 
 def test_reservation_body() -> None:

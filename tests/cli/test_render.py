@@ -23,14 +23,20 @@ plain = styler(False)
 
 def test_component_json_has_the_documented_keys_only() -> None:
     doc = component_json(component())
-    assert set(doc) == {"name", "owner", "state", "replicas_wanted", "scope", "share_with", "shadow_of",
+    assert set(doc) == {"name", "owner", "state", "replicas_wanted", "scope", "share_with", "group", "shadow_of",
                         "command", "restart", "time_limit_s", "ended_at", "duration_s", "exit_code", "queue",
                         "explanation", "replicas"}
     replica = doc["replicas"][0]
     assert set(replica) == {"index", "group", "groups", "role", "state", "restarts", "devices",
-                            "cuda_visible_devices", "pids", "started_at", "ended_at", "exit_code"}
+                            "cuda_visible_devices", "cpus", "cpu_binding", "pids", "started_at", "ended_at",
+                            "exit_code"}
     assert replica["devices"] == [{"index": 0, "uuid": "GPU-0000", "mig_uuid": None,
                                    "memory_mib": 81559, "compute_pct": 100}]
+
+
+def test_a_run_of_whole_gpus_is_a_range() -> None:
+    assert devices_label([device(i) for i in range(8)]) == "0-7"
+    assert devices_label([device(0), device(1), device(2, 20480, 30, False), device(3)]) == "0,1,2[20GiB/30%],3"
 
 
 def test_device_labels() -> None:
@@ -70,8 +76,8 @@ def test_list_is_a_table_with_owner_and_reservations() -> None:
     reservation = {"name": "train", "owner": {"uid": 1001, "user": "bob"}, "expires_at": None,
                    "priority": 0, "groups": [{"id": "train-0", "devices": [device(5)]}]}
     lines = list_text([component()], [reservation])
-    assert lines[0].split() == ["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "PIDS", "OWNER"]
-    assert lines[1].split() == ["web", "0", "web-0", "primary", "running", "0", "4242", "ada"]
+    assert lines[0].split() == ["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "CPUS", "PIDS", "OWNER"]
+    assert lines[1].split() == ["web", "0", "web-0", "primary", "running", "0", "-", "4242", "ada"]
     assert lines[4].split() == ["RESERVATION", "GROUPS", "GPUS", "OWNER", "EXPIRES"]
     assert lines[5].split() == ["train", "train-0", "5", "bob", "never"]
 

@@ -60,9 +60,11 @@ def test_node_groups_and_summary(cgd: Cgd) -> None:
         assert summary["gpus"] == 8 and summary["groups_by_state"] == {"allocated": 2, "draining": 1}
         assert summary["components"]["train"]["groups"] == ["train-0", "train-1"]
 
-        assert await m.deallocate_compute_group("train-1")
+        assert await m.deallocate_compute_group("train-1")  # the last replica's group: train scales in to 1
+        assert [g.id for g in await m.get_component_allocations("train")] == ["train-0"]
         assert await m.delete_compute_group(share.id)
         assert not await m.delete_compute_group(share.id)
+        assert await m.deallocate_compute_group("train-0")  # its only replica: train is released
         assert not await m.deallocate_compute_group("train-0")
         assert await m.list_compute_groups() == []
 

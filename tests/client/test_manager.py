@@ -88,6 +88,10 @@ class MemoryProvider(ComputeResourceProvider):
         self.calls.append(("delete", group_id))
         return self.groups.pop(group_id, None) is not None
 
+    async def deallocate_group(self, group_id: str) -> bool:
+        self.calls.append(("deallocate group", group_id))
+        return self.groups.pop(group_id, None) is not None
+
     async def drain_group(self, group_id: str) -> dict[str, Any]:
         self.calls.append(("drain", group_id))
         return self.groups[group_id]
@@ -164,16 +168,13 @@ def test_a_key_given_twice_is_refused(provider: MemoryProvider) -> None:
     assert provider.calls == []
 
 
-def test_deallocating_a_components_group_frees_the_component(provider: MemoryProvider) -> None:
-    assert asyncio.run(ComputeGroupManager(provider).deallocate_compute_group("web-1"))
-    assert provider.calls == [("deallocate", ("web", ["web-0", "web-1"]))]
-
-
-def test_deallocating_a_standalone_group_deletes_it(provider: MemoryProvider) -> None:
+def test_deallocating_a_group_is_the_providers_decision(provider: MemoryProvider) -> None:
+    """What freeing one group means (delete, scale in, release) is decided where the state is:
+    the manager asks for that group and nothing wider."""
     manager = ComputeGroupManager(provider)
-    assert asyncio.run(manager.deallocate_compute_group("group.1"))
-    assert provider.calls == [("delete", "group.1")]
-    assert not asyncio.run(manager.deallocate_compute_group("group.1"))
+    assert asyncio.run(manager.deallocate_compute_group("web-1"))
+    assert not asyncio.run(manager.deallocate_compute_group("web-1"))
+    assert provider.calls == [("deallocate group", "web-1")] * 2
 
 
 def test_create_drain_and_component_allocations(provider: MemoryProvider) -> None:

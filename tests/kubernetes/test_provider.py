@@ -135,6 +135,8 @@ def test_deallocate_and_delete_remove_claim_and_holder(cluster: EmulatedCluster,
             await m.delete_compute_group(group.id)
         assert owned.value.code == "conflict"
         assert await m.deallocate_compute_group(group.id)
+        assert sorted(g.id for g in await m.list_compute_groups()) == sorted(["web-1", share.id]), "one freed alone"
+        assert await m.deallocate_compute_group("web-1")
         assert await m.delete_compute_group(share.id)
         assert not await m.delete_compute_group(share.id)
         assert not await m.deallocate_compute_group(group.id)

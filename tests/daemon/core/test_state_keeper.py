@@ -12,7 +12,7 @@ import pytest
 from computegroups.daemon.core.consistency import StateContradiction
 from computegroups.daemon.core.transactions import Caller, StateKeeper, attach_refs, new_component_records
 from computegroups.daemon.core.views import component_view
-from computegroups.daemon.core.workers import groups_by_replica, visible_devices
+from computegroups.daemon.core.workers import binder, groups_by_replica, visible_devices
 from computegroups.daemon.model.claims import AffinityTerm, Claim
 from computegroups.daemon.model.config import DaemonConfig, Limits
 from computegroups.daemon.model.decoding import ModelError
@@ -128,7 +128,7 @@ def test_a_replica_budget_on_a_gpu_is_the_sum_of_its_shares_there_everywhere(tmp
                      component="side", replica=0, role="primary", groups=[g.id for g in groups],
                      role_file="/run/r", mps=MpsSettings("/run/mps"))
     assert env["CG_GPU_MEMORY_MIB"] == "3072" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3072M"
-    view = component_view(k.doc, k.doc.components["side"], {}, "indices", {})
+    view = component_view(k.doc, k.doc.components["side"], {}, "indices", {}, binder(k.machine, k.config))
     assert [(d["index"], d["memory_mib"]) for d in view["replicas"][0]["devices"]] == [(1, 3072)]
 
 

@@ -14,7 +14,7 @@ else:  # the same parser, before it joined the standard library
 
 import pytest
 
-from computegroups.daemon.deployments.plan import expand
+from computegroups.daemon.deployments.plan import expand, sibling_claim
 from computegroups.daemon.model.deployment import DeploymentError, DeploymentSpec, parse
 
 EXAMPLE = Path(__file__).parents[3] / "docs" / "examples" / "grove-sharing.toml"
@@ -148,3 +148,31 @@ def test_a_component_without_sharing_or_targets_makes_no_group() -> None:
     plan = expand(parse(tiny(replicas=2)))
     assert sorted(plan.instances) == ["a-0-w", "a-1-w"] and not plan.groups
     assert plan.groups_of() == {"a-0-w/0": (), "a-1-w/0": ()}
+
+
+def test_an_affinity_to_a_sibling_resolves_beside_each_group() -> None:
+    """LeaderWorkerSet: a claim's affinity to a component of the file means the instance in the same set
+    replica, and, for a component of a scaling group, in the same scaling-group replica."""
+    near = {"name": "near", "memory": 1024, "affinity": [{"component": "leader", "level": "nvlink"}]}
+    with_b = {"name": "with-b", "memory": 1024, "anti_affinity": [{"component": "b", "level": "device"}]}
+    spec = parse({
+        "name": "s", "replicas": 2, "claims": [{"name": "x", "memory": 1024}, near, with_b],
+        "components": [{"name": "leader", "sharing": [{"claim": "x", "scope": "per-replica"}]},
+                       {"name": "worker", "sharing": [{"claim": "near", "scope": "per-replica"}]},
+                       {"name": "b"}, {"name": "c", "sharing": [{"claim": "with-b", "scope": "all-replicas"}]}],
+        "scaling_groups": [{"name": "g", "components": ["b", "c"], "replicas": 2,
+                            "sharing": [{"claim": "with-b", "scope": "per-replica"}]}],
+    })
+    plan = expand(spec)
+
+    def resolved(gid: str) -> list[tuple[str, str]]:
+        claim = sibling_claim(spec, plan.groups[gid], spec.claim(plan.groups[gid].claim))
+        return [(t.component, str(t.level)) for t in (*claim.affinity, *claim.anti_affinity)]
+
+    assert resolved("s-1-worker-0-near") == [("s-1-leader", "nvlink")]
+    assert resolved("s-0-g-1-with-b") == [("s-0-g-1-b", "device")]
+    assert resolved("s-1-g-0-c-all-with-b") == [("s-1-g-0-b", "device")]
+    outside = parse({**spec.file.to_dict(), "sharing": [{"claim": "with-b", "scope": "per-replica"}]})
+    gid = "s-0-with-b"
+    with pytest.raises(DeploymentError, match="'b' is in scaling group 'g': only a group inside a replica"):
+        sibling_claim(outside, expand(outside).groups[gid], outside.claim("with-b"))

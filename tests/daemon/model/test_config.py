@@ -57,8 +57,8 @@ def test_share_as_a_percentage() -> None:
     ("data", "message"),
     [
         ({"colour": {}},
-         "colour: unknown field (known: placement, pools, health, shares, workers, limits, jobs, events, "
-         "metrics_listen)"),
+         "colour: unknown field (known: placement, pools, health, shares, workers, limits, jobs, sharing, "
+         "events, metrics_listen)"),
         ({"health": {"speed": 1}}, "health.speed: unknown field (known: interval_s, max_temperature_c,"),
         ({"placement": {"default_strategy": "random"}},
          "placement.default_strategy: must be one of binpack, spread, got 'random'"),

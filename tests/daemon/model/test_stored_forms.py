@@ -34,7 +34,7 @@ def test_every_stored_component_spec_decodes_and_encodes_back() -> None:
         stored.pop("replicas", None)
         spec = msgspec.convert(stored, ComponentSpec)
         # Fields added since 0.1.0 encode at their defaults: an old component keeps what it ran with.
-        added = {"time_limit_s": None}
+        added = {"time_limit_s": None, "group": None, "cpu_bind": None}
         assert to_plain(spec) == {**stored, **added, "restart": {"policy": None, **stored["restart"]}}, name
         assert ComponentRequest.from_spec(name, spec).spec() == spec, name
 

@@ -58,10 +58,11 @@ def test_a_spec_that_cannot_be_written_is_refused(spec: LaunchSpec, problem: str
     b"",
     b"cg-launch-1\x000\x000\x00o\x00e\x00\x001\x00true",
     b"cg-launch-2\x000\x000\x00o\x00e\x00\x00\x001\x00true",
-    b"cg-launch-3\x000\x000\x00o\x00e\x00\x00\x00\x002\x00true",
-    b"cg-launch-3\x000\x000\x00o\x00e\x00\x00\x00\x000\x00true",
-    b"cg-launch-3\x00zero\x000\x00o\x00e\x00\x00\x00\x001\x00true",
-    b"cg-launch-3\x000\x000\x00o\x00e\x00\x00\x00\x001\x00true\x00NOVALUE",
+    b"cg-launch-3\x000\x000\x00o\x00e\x00\x00\x00\x001\x00true",
+    b"cg-launch-4\x000\x000\x00o\x00e\x00\x00\x00\x00\x002\x00true",
+    b"cg-launch-4\x000\x000\x00o\x00e\x00\x00\x00\x00\x000\x00true",
+    b"cg-launch-4\x00zero\x000\x00o\x00e\x00\x00\x00\x00\x001\x00true",
+    b"cg-launch-4\x000\x000\x00o\x00e\x00\x00\x00\x00\x001\x00true\x00NOVALUE",
 ])
 def test_a_damaged_spec_is_refused(data: bytes) -> None:
     with pytest.raises(ValueError):
@@ -120,3 +121,15 @@ def test_a_status_file_is_read_only_when_whole(tmp_path: Path) -> None:
         status = read_status(str(path))
         assert (None if status is None else (status.shim, status.worker, status.code)) == expected, data
     assert read_status(str(tmp_path / "missing")) is None
+
+
+def test_the_shim_binds_its_worker_to_the_given_cpus(tmp_path: Path) -> None:
+    one = min(os.sched_getaffinity(0))
+    shim = compile_shim(str(tmp_path))
+    spec = spec_in(tmp_path, (sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"))
+    spec.cpus = (one,)
+    assert LaunchSpec.decode(spec.encode()).cpus == (one,)
+    spec.status = str(tmp_path / "w.status")
+    write_spec(str(tmp_path / "w.spec"), spec)
+    assert subprocess.Popen(shim_argv(shim, str(tmp_path / "w.spec")), env={}).wait(timeout=30) == 0
+    assert (tmp_path / "out.log").read_text() == f"[{one}]\n"

@@ -40,6 +40,12 @@ def test_whole_gpus_by_index_in_pci_order() -> None:
     }
 
 
+def test_a_bound_worker_reads_its_cpus_in_the_kernels_list_format() -> None:
+    assert env_for([GPU0], cpus=(0, 1, 2, 3, 112, 113))["CG_CPUS"] == "0-3,112-113"
+    assert "CG_CPUS" not in env_for([GPU0])
+    assert "CG_CPUS" not in env_for([], cpus=())
+
+
 def test_uuid_naming_and_mig_always_by_uuid() -> None:
     assert env_for([GPU0, GPU3], naming="uuid")["CUDA_VISIBLE_DEVICES"] == "GPU-0000,GPU-3333"
     assert env_for([MIG], naming="uuid")["CUDA_VISIBLE_DEVICES"] == "MIG-aaaa"

@@ -1,0 +1,113 @@
+"""`cgctl group`: compute groups on their own (the manager API's create/delete/deallocate/drain).
+
+A group made here belongs to no component: `cgctl allocate NAME --group ID`
+attaches components to it, and it stays until `cgctl group delete ID`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
+from computegroups.cli.options import build_claim, claim_options
+from computegroups.cli.render import devices_label, table
+
+Doc = dict[str, Any]
+
+
+@click.group()
+def group() -> None:
+    """Compute groups: create one to share by id, list, drain, free."""
+
+
+@group.command("create")
+@claim_options
+def create(**opts: Any) -> None:
+    """Place a group that belongs to no component until one uses it (--group ID)."""
+    claim = build_claim(opts)
+    if claim is None:
+        raise click.UsageError("say what the group holds: --gpus N, --memory SIZE or --mig PROFILE")
+    with talking():
+        g = client().create_group(claim)
+    if json_wanted():
+        emit_json(g)
+        return
+    emit_lines([f"group {g['id']} created on GPU {devices_label(g.get('devices') or [])}",
+                f"use it with `cgctl allocate NAME --group {g['id']} -- CMD`"])
+
+
+@group.command("list")
+@click.option("--component", help="Only groups this component owns or uses.")
+@click.option("--state", type=click.Choice(["reserved", "allocated", "draining", "degraded", "lost"]))
+@click.option("--gpu", type=click.IntRange(min=0), help="Only groups on this GPU.")
+@click.option("--model", metavar="GLOB", help="Only groups on GPUs of this model.")
+@click.option("--pool", help="Only groups inside this pool.")
+@click.option("--uuid", help="Only groups on this GPU-/MIG- UUID.")
+@click.option("--owner", help="Only groups of this owner (component, reservation, @UID).")
+@click.option("--deployment", help="Only groups of this deployment.")
+def list_groups(**filters: Any) -> None:
+    """Groups with their devices, owner and users."""
+    with talking():
+        groups = client().list_groups(**{k: v for k, v in filters.items() if v is not None})["groups"]
+    if json_wanted():
+        emit_json({"groups": groups})
+        return
+    if not groups:
+        emit_lines(["no groups"])
+        return
+    emit_lines(table(["GROUP", "STATE", "GPUS", "OWNER", "USERS"], [group_row(g) for g in groups]))
+
+
+def group_row(g: Doc) -> list[str]:
+    owner = f"{g['owner']} ({g['deployment']})" if g.get("deployment") else g["owner"]
+    users = sorted({u.rsplit("/", 1)[0] for u in g.get("users") or []})
+    shown = ",".join(users[:2]) + (f" +{len(users) - 2}" if len(users) > 2 else "")
+    return [g["id"], g["state"], devices_label(g.get("devices") or []), owner, shown or "-"]
+
+
+@group.command("delete")
+@click.argument("group_id", metavar="ID")
+def delete(group_id: str) -> None:
+    """Delete a group made by `cgctl group create`: refused while a component uses it."""
+    with talking():
+        done = client().delete_group(group_id)
+    if json_wanted():
+        emit_json(done)
+        return
+    emit_lines([f"group {group_id} deleted"])
+
+
+@group.command("deallocate")
+@click.argument("group_id", metavar="ID")
+def deallocate(group_id: str) -> None:
+    """Free one group where that is meaningful: delete a group of its own, scale a
+    component in by the replica whose group it is, release a reservation."""
+    with talking():
+        done = client().deallocate_group(group_id)
+    if json_wanted():
+        emit_json(done)
+        return
+    action, owner = done["action"], done["owner"]
+    if action == "scaled in":
+        what = f"{owner} scaled in to {done['result'].get('replicas_wanted')} replicas"
+    elif action == "deleted":
+        what = "deleted"
+    else:
+        what = f"{action}: {owner}"
+    emit_lines([f"group {group_id} freed: {what}"])
+
+
+@group.command("drain")
+@click.argument("group_id", metavar="ID")
+@click.option("--undrain", is_flag=True, help="Let new work attach to it again.")
+def drain(group_id: str, undrain: bool) -> None:
+    """Drain a group: nothing new is placed on it or attaches to it; what runs keeps running."""
+    cgd = client()
+    with talking():
+        g = cgd.undrain_group(group_id) if undrain else cgd.drain_group(group_id)
+    if json_wanted():
+        emit_json(g)
+        return
+    emit_lines([f"group {group_id} {g['state']}"])
