@@ -46,7 +46,7 @@ def test_sharing_policies_round_up_or_refuse(start_cgd: Callable[..., Cgd], tmp_
     cgd = start_cgd(str(MIXED), "--config", str(config))
     out = ok(cgd, "allocate", "a", "--memory", "3GiB", "--compute", "20", "--explain")
     assert "memory 3GiB rounded up to 4GiB, compute 20% rounded up to 25% by the sharing policy of GPUs 0,1,2" \
-        in out, out
+        in " ".join(out.split()), out  # the explanation is wrapped at 80 columns
     (a,) = devices(cgd, "a")
     assert (a["memory_mib"], a["compute_pct"], a["whole"]) == (4096, 25, False) and a["index"] != 3
     _, status = cgd.request("GET", "/v1/status")
