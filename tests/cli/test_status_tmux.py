@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -66,6 +67,12 @@ class Pane:
         except AssertionError:
             raise AssertionError(f"{what}; the screen:\n" + "\n".join(seen[0] if seen else [])) from None
         return seen[0]
+
+    def command_pid(self) -> int:
+        """The pid of the command the pane's shell runs (its one child)."""
+        shell = int(self.tmux("list-panes", "-t", "main", "-F", "#{pane_pid}").split()[0])
+        children = Path(f"/proc/{shell}/task/{shell}/children")
+        return int(wait_for(lambda: children.read_text().split(), "the pane's command started")[0])
 
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "main", *keys)
@@ -189,6 +196,18 @@ def test_watch_redraws_in_place_and_ctrl_c_gives_the_terminal_back(
     p.keys("C-c")
     screen = p.until(ended, "cgctl ended on Ctrl-C")
     assert screen[0] == "EXIT=0" and screen[1] == "icanon"  # the alternate screen is gone, the tty canonical
+    assert not rows(screen)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_top_gives_the_terminal_back_on_sigterm_and_sighup(
+        cgd: Cgd, pane: Callable[..., Pane], signum: signal.Signals) -> None:
+    p = pane()
+    p.run(cgd, "top", "--interval", "0.2")
+    p.until(lambda s: len(s) > 1 and s[1].startswith("GPU MODEL") and bool(rows(s)), "cgctl top draws the GPUs")
+    os.kill(p.command_pid(), signum)
+    screen = p.until(ended, f"cgctl top ended on {signum.name}")
+    assert screen[:2] == ["EXIT=0", "icanon"]  # the alternate screen is gone, the tty canonical
     assert not rows(screen)
 
 
