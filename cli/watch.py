@@ -2,7 +2,8 @@
 
 curses owns the terminal (alternate screen, keys, resizes) and gives it back
 as it found it however the loop ends: q, Ctrl-C, and SIGTERM or SIGHUP
-(a `kill`, a closed terminal window), which end it as cleanly as q does. What a frame shows is
+(a `kill`, a closed terminal window), which end it as cleanly as q does;
+a terminal gone without a signal ends it too. What a frame shows is
 the pure `frame()`, tested without a terminal: when one line per GPU does not
 fit the screen, one line per NVLink island (the topology cgd serves), which
 Enter opens; whatever is still taller than the screen scrolls. No line is
@@ -15,6 +16,7 @@ import curses
 import re
 import signal
 import sys
+import termios
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -130,12 +132,25 @@ def watch(look: Callable[[], Board], first: Board, islands: Sequence[Sequence[in
         curses.wrapper(_loop, look, first, islands, interval, host, asked)
     except KeyboardInterrupt:
         pass
+    except curses.error:
+        if not hung_up():
+            raise  # with the terminal gone, curses cannot give it back, nor is there one to give back
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def hung_up() -> bool:
+    """Whether the terminal has gone (its window closed): its settings can no longer be read.
+    A shell tells its jobs with SIGHUP, but one that ignores it (nohup, `sh -c`) does not."""
+    try:
+        termios.tcgetattr(sys.stdin.fileno())
+    except (termios.error, OSError, ValueError):
+        return True
+    return False
 
 
 @dataclass
@@ -147,6 +162,10 @@ class Stop:
 
     def set(self, signum: int, frame: FrameType | None) -> None:
         self.asked = True
+
+    def is_set(self) -> bool:
+        """Asked by now: a call, as a signal can set it between any two lines of the loop."""
+        return self.asked
 
 
 def _loop(screen: curses.window, look: Callable[[], Board], board: Board, islands: Sequence[Sequence[int]],
@@ -165,14 +184,14 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
     view = View()
     looked = time.monotonic()
     trouble = ""
-    while not stop.asked:
+    while not stop.is_set():
         height, width = screen.getmaxyx()
         title = f"{host}  every {interval:g}s  {time.strftime('%H:%M:%S')}{trouble}"
         shown = frame(board, islands, view, width, height, title)
         _draw(screen, shown, width, colour)
         screen.timeout(max(0, int((looked + interval - time.monotonic()) * 1000)))
         key = screen.getch()
-        if stop.asked:
+        if stop.is_set() or (key == -1 and hung_up()):  # a gone terminal answers every wait at once
             return
         if key != -1 and not press(key, view, islands, shown.islands, max(1, height - 2)):
             return

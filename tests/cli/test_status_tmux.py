@@ -211,6 +211,22 @@ def test_top_gives_the_terminal_back_on_sigterm_and_sighup(
     assert not rows(screen)
 
 
+def test_top_ends_when_its_terminal_window_closes(cgd: Cgd, pane: Callable[..., Pane], tmp_path: Path) -> None:
+    """The window closed (the tmux server killed) under a shell that does not pass SIGHUP on:
+    cgctl top sees its terminal gone and exits 0, rather than spinning on a dead terminal."""
+    p = pane()
+    status = tmp_path / "status"
+    # `trap '' HUP`: the shell outlives the hangup to write down how cgctl ended
+    script = tmp_path / "closed.sh"
+    script.write_text(f"trap '' HUP\n{shlex.join([_executable('cgctl'), 'top', '--interval', '0.2'])}\n"
+                      f"echo $? > {shlex.quote(str(status))}\n")
+    p.tmux("new-session", "-d", "-x", "80", "-y", "40", "-s", "main", f"sh {shlex.quote(str(script))}",
+           env={**cgd.env(), "TERM": "xterm-256color"})
+    p.until(lambda s: len(s) > 1 and s[1].startswith("GPU MODEL") and bool(rows(s)), "cgctl top draws the GPUs")
+    p.close()
+    assert wait_for(lambda: status.exists() and status.read_text(), "cgctl top ended", timeout=30) == "0\n"
+
+
 def test_top_on_seventy_two_gpus_folds_nvlink_islands_and_opens_one(
         start_cgd: Callable[..., Cgd], tmp_path: Path, pane: Callable[..., Pane]) -> None:
     cgd = measured_cgd(start_cgd, tmp_path, "synthetic-72")
