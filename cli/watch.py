@@ -201,6 +201,7 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
                 board, trouble = look(), ""
             except ClientError as err:
                 trouble = f"  cgd: {err}"
+                board = board._replace(now=time.time())  # the last look's numbers age: shown stale in time
 
 
 def _draw(screen: curses.window, shown: Frame, width: int, colour: bool) -> None:

@@ -192,6 +192,10 @@ def test_watch_redraws_in_place_and_ctrl_c_gives_the_terminal_back(
     cgd.stop()
     screen = p.until(lambda s: "  cgd: cgd is not running" in s[0], "the title says cgd went away")
     assert rows(screen)[7].endswith("  late:run")  # the last look stays on screen
+    # and its measurements, ageing, read stale once they are (10 s after cgd's last sample)
+    screen = p.until(lambda s: rows(s).get(0, "").split()[3:4] == ["?"] and any("! stale: GPU" in line for line in s),
+                     "the last look's measurements read stale")
+    assert rows(screen)[7].endswith("  late:run")
 
     p.keys("C-c")
     screen = p.until(ended, "cgctl ended on Ctrl-C")
