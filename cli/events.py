@@ -14,7 +14,8 @@ WIDTH = 80
 
 
 @click.command()
-@click.option("-f", "--follow", is_flag=True, help="Keep printing events as they happen, until Ctrl-C.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing events as they happen, across restarts of cgd, until Ctrl-C.")
 @click.option("--since", type=int, metavar="SEQ",
               help="Only events after this sequence number (the last one you saw); default: all kept.")
 def events(follow: bool, since: int | None) -> None:
@@ -22,14 +23,20 @@ def events(follow: bool, since: int | None) -> None:
     promotions, drains, GPU faults. You see those of your own components
     and of the machine (root sees all). With --json, one JSON object per
     line, as cgd sends them; each has a `seq` to pass to --since after a
-    reconnect (a `gap` event says when some were missed)."""
+    reconnect (a `gap` event says when some were missed). Following, a
+    restart of cgd is waited for and read on from the last event shown."""
     cgd = client()
     with talking():
         try:
-            for event in cgd.events(since, follow):
+            for event in cgd.events(since, follow, on_lost=note):
                 click.echo(json.dumps(event, sort_keys=True) if json_wanted() else event_line(event))
         except KeyboardInterrupt:
             return
+
+
+def note(line: str) -> None:
+    """Said once when cgd goes away under `--follow`, on stderr so --json's lines stay JSON."""
+    click.echo(f"cgctl: {line}", err=True)
 
 
 def event_line(event: dict[str, Any], width: int = WIDTH) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 
 import click
 
@@ -19,7 +20,8 @@ INTERVAL = click.option("--interval", "-n", type=click.FloatRange(min=0.1), defa
 
 def look(cgd: CgdClient) -> Board:
     """One look at cgd: who is on each GPU, and the state and role each of them is in."""
-    return Board.of(cgd.status(), cgd.list_components()["components"], cgd.list_reservations()["reservations"])
+    return Board.of(cgd.status(), cgd.list_components()["components"], cgd.list_reservations()["reservations"],
+                    now=time.time())
 
 
 @click.command()

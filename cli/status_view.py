@@ -9,6 +9,11 @@ stays the truth of who is on it: a name the other documents do not know yet
 (they were read a moment apart) shows with state `-`.
 
 Every line is cut to the width it is given, so a narrow terminal never wraps.
+
+NVML's numbers are one sample of the health loop; when that sample is old
+(the loop stuck, NVML hanging) they read `?` and an alert says how old,
+rather than passing old numbers off as the current ones. How old is too old
+is measured against the `now` of the look, so a picture stays pure.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
 FORM_FACTOR = re.compile(r"^(sxm\d*|pcie|hbm\d*e?|nvl|nvlink)$", re.IGNORECASE)
 MODEL_WIDTH = 9
 BAR_CELLS = 8
+STALE_AFTER_S = 10.0
+"""A sample older than this is stale: five of the health loop's samples at its default interval
+(`[health] interval_s = 2`). cgd does not serve its interval, so this cannot be three of them."""
+
 
 
 class Occupant(NamedTuple):
@@ -149,9 +158,16 @@ class Cells(NamedTuple):
     temperature: str
     marks: list[str]
     occupants: list[Occupant]
+    stale: bool = False
+    """Whether the measured values are too old to show (they read `?`)."""
 
 
-def gpu_cells(gpu: Doc, on_it: list[Occupant]) -> Cells:
+def gpu_cells(gpu: Doc, on_it: list[Occupant], stale: bool = False) -> Cells:
+    """The GPU's columns; with `stale`, what NVML measured reads `?` (the numbers are old)."""
+    if stale:
+        return Cells(str(gpu["index"]), short_model(gpu.get("name")), "?", None,
+                     gpu.get("memory_allocated_mib") or 0, gpu.get("memory_mib") or 0, "?", marks(gpu), on_it,
+                     stale=True)
     util = _measured(gpu, "utilization_gpu_pct")
     temperature = _temperature(gpu)
     return Cells(str(gpu["index"]), short_model(gpu.get("name")), "-" if util is None else f"{util}%",
@@ -161,11 +177,14 @@ def gpu_cells(gpu: Doc, on_it: list[Occupant]) -> Cells:
                  marks(gpu), on_it)
 
 
-def island_cells(gpus: Sequence[Doc], on_it: Sequence[list[Occupant]]) -> Cells:
-    """An island as one line: mean utilisation, summed memory, the hottest GPU, everyone on it."""
-    utils = [u for g in gpus if (u := _measured(g, "utilization_gpu_pct")) is not None]
-    used = [u for g in gpus if (u := _measured(g, "memory_used_mib")) is not None]
-    temps = [t for g in gpus if (t := _temperature(g)) is not None]
+def island_cells(gpus: Sequence[Doc], on_it: Sequence[list[Occupant]], stale: Sequence[bool]) -> Cells:
+    """An island as one line: mean utilisation, summed memory, the hottest GPU, everyone on it;
+    of the GPUs whose sample is fresh (`?` when none is)."""
+    fresh = [g for g, old in zip(gpus, stale, strict=True) if not old]
+    utils = [u for g in fresh if (u := _measured(g, "utilization_gpu_pct")) is not None]
+    used = [u for g in fresh if (u := _measured(g, "memory_used_mib")) is not None]
+    temps = [t for g in fresh if (t := _temperature(g)) is not None]
+    unknown = "?" if not fresh else "-"
     merged: dict[str, Occupant] = {}
     for o in (o for found in on_it for o in found):
         if o.name not in merged or _rank(o.state) < _rank(merged[o.name].state):
@@ -175,11 +194,11 @@ def island_cells(gpus: Sequence[Doc], on_it: Sequence[list[Occupant]]) -> Cells:
         counted[m] = counted.get(m, 0) + 1
     models = {short_model(g.get("name")) for g in gpus}
     return Cells(_span([g["index"] for g in gpus]), models.pop() if len(models) == 1 else "mixed",
-                 f"{sum(utils) // len(utils)}%" if utils else "-", sum(used) if used else None,
+                 f"{sum(utils) // len(utils)}%" if utils else unknown, sum(used) if used else None,
                  sum(g.get("memory_allocated_mib") or 0 for g in gpus),
-                 sum(g.get("memory_mib") or 0 for g in gpus), f"{max(temps)}C" if temps else "-",
+                 sum(g.get("memory_mib") or 0 for g in gpus), f"{max(temps)}C" if temps else unknown,
                  [f"{n} {m}" if n > 1 else m for m, n in counted.items()],
-                 sorted(merged.values(), key=lambda o: (_rank(o.state), o.name)))
+                 sorted(merged.values(), key=lambda o: (_rank(o.state), o.name)), stale=not fresh)
 
 
 def _span(indices: Sequence[int]) -> str:
@@ -211,7 +230,7 @@ def line(cells: Cells, width: int, label_width: int, style: Style, users: bool =
     """`  3 H100 80GB  87% [###=----] 24.1/40.0G 45C  web:run web-sb:shadow +1`, never past `width`;
     with `users`, each occupant as `ada/web:run`."""
     with_bar, with_model = _columns(width)
-    memory = f"{_gib(cells.used_mib)}/{_gib(cells.claimed_mib)}G"
+    memory = f"{'?' if cells.stale else _gib(cells.used_mib)}/{_gib(cells.claimed_mib)}G"
     head = (f"{cells.label:>{label_width}} " + (f"{cells.model:<{MODEL_WIDTH}} " if with_model else "")
             + f"{cells.util:>4} "
             + (f"{memory_bar(cells.used_mib, cells.claimed_mib, cells.total_mib)} " if with_bar else "")
@@ -278,10 +297,25 @@ class Board(NamedTuple):
     status: Doc
     components: dict[str, Doc]
     reservations: dict[str, Doc]
+    now: float | None = None
+    """When the look was taken (Unix time, cgd's clock on the same host): measurements older than
+    `stale_after_s` by then are stale. None: none is (a picture of documents alone)."""
+    stale_after_s: float = STALE_AFTER_S
 
     @classmethod
-    def of(cls, status: Doc, components: Iterable[Doc], reservations: Iterable[Doc]) -> Board:
-        return cls(status, {c["name"]: c for c in components}, {r["name"]: r for r in reservations})
+    def of(cls, status: Doc, components: Iterable[Doc], reservations: Iterable[Doc],
+           now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> Board:
+        return cls(status, {c["name"]: c for c in components}, {r["name"]: r for r in reservations},
+                   now, stale_after_s)
+
+    def age(self, gpu: Doc) -> float | None:
+        """How many seconds old the GPU's sample was at `now` (None: no sample, or no `now`)."""
+        sampled = _measured(gpu, "sampled_at")
+        return None if self.now is None or sampled is None else self.now - sampled
+
+    def stale(self, gpu: Doc) -> bool:
+        age = self.age(gpu)
+        return age is not None and age > self.stale_after_s
 
     @property
     def gpus(self) -> list[Doc]:
@@ -301,7 +335,8 @@ def gpu_lines(board: Board, width: int, style: Style) -> list[str]:
     label_width = max([3, *(len(str(g["index"])) for g in gpus)])
     users = board.shared
     return [header(label_width, width),
-            *(line(gpu_cells(g, board.on(g)), width, label_width, style, users) for g in gpus)]
+            *(line(gpu_cells(g, board.on(g), board.stale(g)), width, label_width, style, users)
+              for g in gpus)]
 
 
 def island_lines(board: Board, islands: Sequence[Sequence[int]], expanded: set[int], width: int,
@@ -317,10 +352,11 @@ def island_lines(board: Board, islands: Sequence[Sequence[int]], expanded: set[i
         if not gpus:
             continue
         mark = "- " if n in expanded else "+ "
-        cells = island_cells(gpus, [board.on(g) for g in gpus])
+        cells = island_cells(gpus, [board.on(g) for g in gpus], [board.stale(g) for g in gpus])
         lines.append((n, mark + line(cells, width - 2, label_width, style, users)))
         if n in expanded:
-            lines += [(n, "  " + line(gpu_cells(g, board.on(g)), width - 2, label_width, style, users))
+            lines += [(n, "  " + line(gpu_cells(g, board.on(g), board.stale(g)), width - 2, label_width,
+                                      style, users))
                       for g in gpus]
     return [(n, clip(text, width)) for n, text in lines]
 
@@ -346,8 +382,13 @@ def summary(board: Board) -> dict[str, Json]:
 
 
 def alerts(board: Board) -> list[str]:
-    """One short sentence per thing that wants a person: a GPU in trouble, a component failing, lost state."""
-    found = [f"GPU {g['index']} {' '.join(marks(g))}" + (f": {'; '.join(why)}" if (why := _why(g)) else "")
+    """One short sentence per thing that wants a person: a GPU in trouble, measurements gone
+    stale, a component failing, lost state."""
+    found = []
+    if old := [g for g in board.gpus if board.stale(g)]:
+        found.append(f"stale: GPU {_span([g['index'] for g in old])} last measured "
+                     f"{max(board.age(g) or 0 for g in old):.0f}s ago")
+    found += [f"GPU {g['index']} {' '.join(marks(g))}" + (f": {'; '.join(why)}" if (why := _why(g)) else "")
              for g in board.gpus if set(marks(g)) - {"DRAINED"}]
     found += [f"{c['name']} {c['state']}" for c in (board.status.get("components") or [])
               if c.get("state") in ALERT_STATES]
@@ -417,7 +458,8 @@ def status_json(board: Board) -> dict[str, Json]:
         gpus.append({
             **{k: g.get(k) for k in GPU_KEYS},
             "components": [_entry(e)[0] for e in g.get("components") or []],
-            "measured": {k: measured.get(k) for k in MEASURED_KEYS} if isinstance(measured, Mapping) else None,
+            "measured": ({**{k: measured.get(k) for k in MEASURED_KEYS}, "stale": board.stale(g)}
+                         if isinstance(measured, Mapping) else None),
             "occupants": [o._asdict() for o in board.on(g)],
         })
     return {"generation": status.get("generation"), "gpus": gpus, "lost_groups": status.get("lost_groups") or [],

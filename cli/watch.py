@@ -1,7 +1,9 @@
 """`cgctl top` / `cgctl status --watch`: the status redrawn in place, like nvitop or `gpustat -i`.
 
 curses owns the terminal (alternate screen, keys, resizes) and gives it back
-as it found it however the loop ends, Ctrl-C included. What a frame shows is
+as it found it however the loop ends: q, Ctrl-C, and SIGTERM or SIGHUP
+(a `kill`, a closed terminal window), which end it as cleanly as q does;
+a terminal gone without a signal ends it too. What a frame shows is
 the pure `frame()`, tested without a terminal: when one line per GPU does not
 fit the screen, one line per NVLink island (the topology cgd serves), which
 Enter opens; whatever is still taller than the screen scrolls. No line is
@@ -12,10 +14,13 @@ from __future__ import annotations
 
 import curses
 import re
+import signal
 import sys
+import termios
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 
 from computegroups.cli.render import colour_enabled, state_loss_lines, styler
 from computegroups.cli.status_view import Board, clip, island_lines, status_lines, summary_line, tail_lines
@@ -119,15 +124,52 @@ def press(key: int, view: View, islands: Sequence[Sequence[int]], folded: bool, 
 
 def watch(look: Callable[[], Board], first: Board, islands: Sequence[Sequence[int]], interval: float,
           host: str) -> None:
-    """Redraw until q or Ctrl-C; a cgd that stops answering is said on the title line, the last look kept."""
+    """Redraw until q, Ctrl-C, SIGTERM or SIGHUP; a cgd that stops answering is said on the title
+    line, the last look kept."""
+    asked = Stop()
+    before = {signum: signal.signal(signum, asked.set) for signum in STOP_SIGNALS}
     try:
-        curses.wrapper(_loop, look, first, islands, interval, host)
+        curses.wrapper(_loop, look, first, islands, interval, host, asked)
     except KeyboardInterrupt:
         pass
+    except curses.error:
+        if not hung_up():
+            raise  # with the terminal gone, curses cannot give it back, nor is there one to give back
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def hung_up() -> bool:
+    """Whether the terminal has gone (its window closed): its settings can no longer be read.
+    A shell tells its jobs with SIGHUP, but one that ignores it (nohup, `sh -c`) does not."""
+    try:
+        termios.tcgetattr(sys.stdin.fileno())
+    except (termios.error, OSError, ValueError):
+        return True
+    return False
+
+
+@dataclass
+class Stop:
+    """Set by SIGTERM or SIGHUP: the loop sees it once the signal has woken its wait for a key,
+    and leaves the way q does, so curses gives the terminal back."""
+
+    asked: bool = False
+
+    def set(self, signum: int, frame: FrameType | None) -> None:
+        self.asked = True
+
+    def is_set(self) -> bool:
+        """Asked by now: a call, as a signal can set it between any two lines of the loop."""
+        return self.asked
 
 
 def _loop(screen: curses.window, look: Callable[[], Board], board: Board, islands: Sequence[Sequence[int]],
-          interval: float, host: str) -> None:
+          interval: float, host: str, stop: Stop) -> None:
     try:
         curses.curs_set(0)
     except curses.error:
@@ -142,13 +184,15 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
     view = View()
     looked = time.monotonic()
     trouble = ""
-    while True:
+    while not stop.is_set():
         height, width = screen.getmaxyx()
         title = f"{host}  every {interval:g}s  {time.strftime('%H:%M:%S')}{trouble}"
         shown = frame(board, islands, view, width, height, title)
         _draw(screen, shown, width, colour)
         screen.timeout(max(0, int((looked + interval - time.monotonic()) * 1000)))
         key = screen.getch()
+        if stop.is_set() or (key == -1 and hung_up()):  # a gone terminal answers every wait at once
+            return
         if key != -1 and not press(key, view, islands, shown.islands, max(1, height - 2)):
             return
         if time.monotonic() >= looked + interval:
@@ -157,6 +201,7 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
                 board, trouble = look(), ""
             except ClientError as err:
                 trouble = f"  cgd: {err}"
+                board = board._replace(now=time.time())  # the last look's numbers age: shown stale in time
 
 
 def _draw(screen: curses.window, shown: Frame, width: int, colour: bool) -> None:

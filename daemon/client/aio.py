@@ -10,14 +10,16 @@ exchange; nothing is left running on a thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from computegroups.daemon.client.endpoints import Endpoints, events_request
 from computegroups.daemon.client.errors import CgdUnreachable
 from computegroups.daemon.client.locate import client_socket_path
+from computegroups.daemon.client.resume import Note, Resume
 from computegroups.daemon.client.sync import DEFAULT_TIMEOUT_S, connection_error
 from computegroups.daemon.client.wire import (
     BrokenAnswer,
@@ -52,8 +54,30 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
             raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
         return decode_answer(status, payload)
 
-    async def events(self, since: int | None = None, follow: bool = True) -> AsyncIterator[Any]:
-        """`CgdClient.events`, as an async iterator: each event as cgd streams it."""
+    async def events(self, since: int | None = None, follow: bool = True, on_lost: Note | None = None
+                     ) -> AsyncIterator[Any]:
+        """`CgdClient.events`, as an async iterator: each event as cgd streams it, and following
+        on across a restart of cgd from the last event it gave (`Resume`)."""
+        if not follow:
+            async with contextlib.aclosing(self._events(since, follow, lambda: None)) as stream:
+                async for event in stream:
+                    yield event
+            return
+        resume = Resume(since, on_lost)
+        while True:
+            try:
+                async with contextlib.aclosing(self._events(resume.since, follow, resume.opened)) as stream:
+                    async for event in stream:
+                        resume.seen(event)
+                        yield event
+                lost = None
+            except CgdUnreachable as exc:
+                lost = exc
+            await asyncio.sleep(resume.retry(lost))
+
+    async def _events(self, since: int | None, follow: bool, opened: Callable[[], None]
+                      ) -> AsyncGenerator[Any, None]:
+        """One `GET /v1/events` stream, until it ends; `opened` once cgd has answered with it."""
         request = events_request(since, follow)
         try:
             reader, writer = await asyncio.wait_for(
@@ -70,9 +94,11 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
             if status >= 400:  # a refusal is one JSON answer: read it whole, raise it
                 decode_answer(*parse_answer(head + await reader.read()))
             lines = StreamLines("chunked" in headers.get("transfer-encoding", "").lower())
+            opened()
             while not lines.ended:
                 data = await (reader.read(65536) if follow else asyncio.wait_for(reader.read(65536), self.timeout))
                 if not data:
+                    lines.finish()
                     return
                 for line in lines.feed(data):
                     yield json.loads(line)

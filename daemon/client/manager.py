@@ -132,8 +132,10 @@ class ComputeGroupManager:
         what the type names: docs/api.md, Events); you see the events of
         your own components and of the machine (root sees all). The kept
         events after `since` come first (all kept ones without it); with
-        `follow=False` the iterator ends there. After a reconnect, pass the
-        last `seq` you saw: a `gap` event says when some were missed.
+        `follow=False` the iterator ends there; following, it outlives a
+        restart of cgd and reads on after the last event it gave (a `gap`
+        event says when some were missed). In a new iterator, pass the last
+        `seq` you saw as `since`.
         """
         return self.provider.events(since, follow)
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from computegroups.daemon.client.endpoints import Endpoints, events_request
 from computegroups.daemon.client.errors import CgdNotRunning, CgdUnreachable
 from computegroups.daemon.client.locate import client_socket_path
+from computegroups.daemon.client.resume import Note, Resume
 from computegroups.daemon.client.wire import (
     BrokenAnswer,
     Request,
@@ -51,10 +53,29 @@ class CgdClient(Endpoints[Any]):
             raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
         return decode_answer(status, payload)
 
-    def events(self, since: int | None = None, follow: bool = True) -> Iterator[Json]:
+    def events(self, since: int | None = None, follow: bool = True, on_lost: Note | None = None
+               ) -> Iterator[Json]:
         """The events after `since` (all kept ones without it) the caller may see, then, with
-        `follow`, each new one as it happens: the iterator blocks for the next. Ends when
-        cgd stops (CgdUnreachable if it dies mid-stream); a `gap` event says what was missed."""
+        `follow`, each new one as it happens: the iterator blocks for the next. Following, it
+        outlives cgd: when the stream ends or breaks it connects again (`on_lost` hears one
+        line per outage) and reads on after the last event it gave, a `gap` event first when
+        cgd did not keep them all; only a cgd that never answered raises CgdNotRunning."""
+        if not follow:
+            yield from self._events(since, follow, lambda: None)
+            return
+        resume = Resume(since, on_lost)
+        while True:
+            try:
+                for event in self._events(resume.since, follow, resume.opened):
+                    resume.seen(event)
+                    yield event
+                lost = None
+            except CgdUnreachable as exc:
+                lost = exc
+            time.sleep(resume.retry(lost))
+
+    def _events(self, since: int | None, follow: bool, opened: Callable[[], None]) -> Iterator[Json]:
+        """One `GET /v1/events` stream, until it ends; `opened` once cgd has answered with it."""
         request = events_request(since, follow)
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -74,6 +95,7 @@ class CgdClient(Endpoints[Any]):
                         rest += chunk
                     decode_answer(*parse_answer(head + b"\r\n\r\n" + rest))
                 lines = StreamLines("chunked" in headers.get("transfer-encoding", "").lower())
+                opened()
                 sock.settimeout(None if follow else self.timeout)
                 data = rest
                 while True:
@@ -83,6 +105,7 @@ class CgdClient(Endpoints[Any]):
                         return
                     data = sock.recv(65536)
                     if not data:
+                        lines.finish()
                         return
         except OSError as exc:
             raise connection_error(self.socket_path, exc, self.timeout) from None

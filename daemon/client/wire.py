@@ -129,6 +129,12 @@ class StreamLines:
         self._body = bytearray(rest)
         return [bytes(line) for line in lines if line.strip()]
 
+    def finish(self) -> None:
+        """The connection has ended: a chunked body whose last chunk never came broke off (cgd
+        was killed mid-stream), which a reader must not take for the stream's end."""
+        if self._chunked and not self.ended:
+            raise BrokenAnswer("the stream broke off before its end")
+
     def _dechunk(self) -> None:
         while not self.ended:
             end = self._raw.find(b"\r\n")

@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -66,6 +67,12 @@ class Pane:
         except AssertionError:
             raise AssertionError(f"{what}; the screen:\n" + "\n".join(seen[0] if seen else [])) from None
         return seen[0]
+
+    def command_pid(self) -> int:
+        """The pid of the command the pane's shell runs (its one child)."""
+        shell = int(self.tmux("list-panes", "-t", "main", "-F", "#{pane_pid}").split()[0])
+        children = Path(f"/proc/{shell}/task/{shell}/children")
+        return int(wait_for(lambda: children.read_text().split(), "the pane's command started")[0])
 
     def keys(self, *keys: str) -> None:
         self.tmux("send-keys", "-t", "main", *keys)
@@ -185,11 +192,43 @@ def test_watch_redraws_in_place_and_ctrl_c_gives_the_terminal_back(
     cgd.stop()
     screen = p.until(lambda s: "  cgd: cgd is not running" in s[0], "the title says cgd went away")
     assert rows(screen)[7].endswith("  late:run")  # the last look stays on screen
+    # and its measurements, ageing, read stale once they are (10 s after cgd's last sample)
+    screen = p.until(lambda s: rows(s).get(0, "").split()[3:4] == ["?"] and any("! stale: GPU" in line for line in s),
+                     "the last look's measurements read stale")
+    assert rows(screen)[7].endswith("  late:run")
 
     p.keys("C-c")
     screen = p.until(ended, "cgctl ended on Ctrl-C")
     assert screen[0] == "EXIT=0" and screen[1] == "icanon"  # the alternate screen is gone, the tty canonical
     assert not rows(screen)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_top_gives_the_terminal_back_on_sigterm_and_sighup(
+        cgd: Cgd, pane: Callable[..., Pane], signum: signal.Signals) -> None:
+    p = pane()
+    p.run(cgd, "top", "--interval", "0.2")
+    p.until(lambda s: len(s) > 1 and s[1].startswith("GPU MODEL") and bool(rows(s)), "cgctl top draws the GPUs")
+    os.kill(p.command_pid(), signum)
+    screen = p.until(ended, f"cgctl top ended on {signum.name}")
+    assert screen[:2] == ["EXIT=0", "icanon"]  # the alternate screen is gone, the tty canonical
+    assert not rows(screen)
+
+
+def test_top_ends_when_its_terminal_window_closes(cgd: Cgd, pane: Callable[..., Pane], tmp_path: Path) -> None:
+    """The window closed (the tmux server killed) under a shell that does not pass SIGHUP on:
+    cgctl top sees its terminal gone and exits 0, rather than spinning on a dead terminal."""
+    p = pane()
+    status = tmp_path / "status"
+    # `trap '' HUP`: the shell outlives the hangup to write down how cgctl ended
+    script = tmp_path / "closed.sh"
+    script.write_text(f"trap '' HUP\n{shlex.join([_executable('cgctl'), 'top', '--interval', '0.2'])}\n"
+                      f"echo $? > {shlex.quote(str(status))}\n")
+    p.tmux("new-session", "-d", "-x", "80", "-y", "40", "-s", "main", f"sh {shlex.quote(str(script))}",
+           env={**cgd.env(), "TERM": "xterm-256color"})
+    p.until(lambda s: len(s) > 1 and s[1].startswith("GPU MODEL") and bool(rows(s)), "cgctl top draws the GPUs")
+    p.close()
+    assert wait_for(lambda: status.exists() and status.read_text(), "cgctl top ended", timeout=30) == "0\n"
 
 
 def test_top_on_seventy_two_gpus_folds_nvlink_islands_and_opens_one(

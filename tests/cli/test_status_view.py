@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from computegroups.cli.render import styler
 from computegroups.cli.status_view import (
+    STALE_AFTER_S,
     Board,
     gpu_lines,
     island_lines,
@@ -71,6 +72,31 @@ def test_unmeasured_values_read_as_a_dash() -> None:
         g["components"] = [c["name"] if isinstance(c, dict) else c for c in g["components"]]
     line = rows(status_lines(Board.of(*old), plain))["0"]
     assert line.split()[3:7] == ["-", "[????????]", "-/79.6G", "-"] and "web:run" in line
+
+
+SAMPLED = measured()["sampled_at"]
+
+
+def test_old_measurements_read_as_stale_not_as_current() -> None:
+    fresh = Board.of(*busy_machine(), now=SAMPLED + STALE_AFTER_S)
+    assert status_lines(fresh, plain) == status_lines(board(), plain)
+    assert not any(a.startswith("stale") for a in summary(fresh)["alerts"])
+
+    old = Board.of(*busy_machine(), now=SAMPLED + 60)
+    lines = status_lines(old, plain)
+    gpus = rows(lines)
+    # what NVML measured a minute ago is not shown as now; what cgd claimed and who is on it stay
+    assert gpus["0"] == "  0 H100 80GB    ? [????????]    ?/79.6G    ?  ada/web:run ada/web-sb:shadow"
+    assert gpus["7"].split()[3:7] == ["?", "[??------]", "?/20.0G", "?"]
+    assert gpus["2"].split()[3:7] == ["-", "[????????]", "-/79.6G", "40C"]  # never sampled: not stale
+    assert summary(old)["alerts"][0] == "stale: GPU 0,1,3,4,5,7 last measured 60s ago"
+    assert summary_line(old, 80).endswith(f"| {len(summary(fresh)['alerts']) + 1} alerts")
+    assert "  ! stale: GPU 0,1,3,4,5,7 last measured 60s ago" in lines
+    assert all(len(line) <= 80 for line in lines)
+    folded = island_lines(old, [[0, 1], [2, 3, 4, 5, 6, 7]], set(), 80, plain)
+    assert folded[1][1].split()[4:8] == ["?", "[????????]", "?/159G", "?"]
+    g0 = status_json(old)["gpus"][0]
+    assert g0["measured"] == {**measured(87, 49152, 61), "stale": True}
 
 
 def test_each_occupant_in_its_state() -> None:
@@ -191,7 +217,7 @@ def test_json_is_a_stable_projection() -> None:
                        "drained", "degraded", "foreign_processes", "over_share", "mig_devices", "temperature_c",
                        "measured", "occupants"}
     assert g0["components"] == ["web", "web-sb"]
-    assert g0["measured"] == measured(87, 49152, 61)
+    assert g0["measured"] == {**measured(87, 49152, 61), "stale": False}
     assert g0["occupants"] == [
         {"name": "web", "user": "ada", "state": "running", "memory_used_mib": 40960},
         {"name": "web-sb", "user": "ada", "state": "shadow", "memory_used_mib": 8192}]

@@ -128,3 +128,32 @@ def test_manager_events_follow_what_happens(cgd: Cgd) -> None:
                 pass
 
     asyncio.run(scenario())
+
+
+def test_manager_events_follow_on_across_a_restart_of_cgd(cgd: Cgd) -> None:
+    """cgd killed and started again under a follower: it reads on from the last event it gave,
+    told by a `gap` what the old run did not keep, and sees what happens after."""
+    async def scenario() -> None:
+        m = manager(cgd)
+        seen: list[dict] = []
+        first = asyncio.Event()
+
+        async def follow() -> None:
+            async for event in m.events():
+                seen.append(event)
+                first.set()
+                if event.get("component") == "after":
+                    return
+
+        following = asyncio.ensure_future(follow())
+        await m.allocate_compute_group("before", {"gpus": 1})
+        await asyncio.wait_for(first.wait(), 20)
+        await asyncio.to_thread(cgd.kill9)
+        await asyncio.to_thread(cgd.start)
+        await m.allocate_compute_group("after", {"gpus": 1})
+        await asyncio.wait_for(following, 20)
+        assert [(e["type"], e.get("component")) for e in seen] == [
+            ("allocated", "before"), ("gap", None), ("allocated", "after")]
+        assert seen[1]["after"] == seen[0]["seq"] and seen[2]["seq"] > seen[0]["seq"]
+
+    asyncio.run(scenario())

@@ -94,3 +94,14 @@ def test_a_bad_chunk_size_is_a_broken_answer() -> None:
     with pytest.raises(BrokenAnswer):
         StreamLines(chunked=True).feed(b"zz\r\n")
 
+
+
+def test_a_chunked_stream_cut_before_its_last_chunk_broke_off() -> None:
+    whole = StreamLines(chunked=True)
+    whole.feed(b"b\r\n{\"seq\": 1}\n\r\n0\r\n\r\n")
+    whole.finish()  # ended as it should: nothing to say
+    cut = StreamLines(chunked=True)
+    assert cut.feed(b"b\r\n{\"seq\": 1}\n\r\n") == [b'{"seq": 1}']
+    with pytest.raises(BrokenAnswer, match="broke off"):
+        cut.finish()  # cgd killed mid-stream
+    StreamLines(chunked=False).finish()  # a plain body ends where the connection does

@@ -13,10 +13,12 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from computegroups.daemon.client.sync import CgdClient
-from tests.daemon_fixture import Cgd, UnixHTTPConnection, wait_for
+from tests.daemon_fixture import Cgd, UnixHTTPConnection, _executable, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -250,6 +252,62 @@ def test_cgctl_events(cgd: Cgd) -> None:
     assert as_json[0]["exit_code"] == 3 and as_json[0]["then"] == "fail"
     bad = cgd.cgctl("events", "--since", "soon")
     assert bad.returncode == 2 and "soon" in bad.stderr
+
+
+class Lines:
+    """What a running command writes to one of its pipes, line by line, read as it comes."""
+
+    def __init__(self, pipe: Any) -> None:
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(iter(pipe.readline, "")), daemon=True)
+        self.reader.start()
+
+    def until(self, check: Callable[[list[str]], object], what: str) -> list[str]:
+        """The lines once `check` holds for them."""
+        wait_for(lambda: check(self.lines), what, timeout=30)
+        return list(self.lines)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill9"])
+def test_cgctl_events_follow_reads_on_across_a_restart_of_cgd(cgd: Cgd, how: str) -> None:
+    with subprocess.Popen([_executable("cgctl"), "events", "--follow"], env=cgd.env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
+        out, err = Lines(follower.stdout), Lines(follower.stderr)
+        try:
+            follows_a_restart(cgd, how, follower, out, err)
+        finally:
+            follower.send_signal(signal.SIGINT)
+            code = follower.wait(timeout=20)
+            out.reader.join(timeout=20)
+            err.reader.join(timeout=20)
+        assert code == 0, err.lines  # Ctrl-C ends it as a person means it
+
+
+def follows_a_restart(cgd: Cgd, how: str, follower: subprocess.Popen[str], out: Lines, err: Lines) -> None:
+    """Follow, stop or kill cgd, start it again, allocate: the follower prints it."""
+    status, reply = cgd.request("POST", "/v1/components", {"name": "before", "claim": {"gpus": 1}})
+    assert status == 201, reply
+    out.until(lambda lines: any("before allocated" in line for line in lines), "the follower sees `before`")
+    last_shown = int(out.lines[-1].split()[1])
+
+    if how == "stop":
+        cgd.stop()
+    else:
+        cgd.kill9()
+    err.until(lambda lines: lines, "a note that cgd went away")
+    cgd.start()
+    status, reply = cgd.request("POST", "/v1/components", {"name": "after", "claim": {"gpus": 1}})
+    assert status == 201, reply
+    lines = out.until(lambda lines: any("after allocated" in line for line in lines),
+                      "the follower sees `after`, allocated once cgd was back")
+    assert follower.poll() is None, "still following"
+    after_restart = lines[[line.split()[1] for line in lines].index(str(last_shown)) + 1:]
+    # cgd's new epoch: what the old run did not keep is told, nothing is shown twice
+    assert "missed events: cgd restarted" in after_restart[0] and after_restart[0].split()[1] == "-"
+    assert all(int(line.split()[1]) > last_shown for line in after_restart[1:])
+    assert err.lines == [f"cgctl: cgd's events {'ended' if how == 'stop' else 'broke off'}; "
+                         f"reconnecting to read after {last_shown}\n"]
+    assert all(len(line.rstrip("\n")) <= 80 for line in lines + err.lines)
 
 
 def test_every_metric_is_documented_and_the_dashboard_uses_real_ones(start_cgd, tmp_path: Path) -> None:
