@@ -109,6 +109,7 @@ class CgdApp:
         return {"status": "degraded" if degraded else "ok", "gpus": gpus,
                 "state_loss": self.manager.state_loss,
                 "last_sample": self.health_monitor.last_sample,
+                "interval_s": self.health_monitor.config.interval_s,
                 "workers": {"expected": expected, "running": running},
                 "worker_tracking": self.manager.supervisor.tracking.as_dict()}
 
