@@ -39,6 +39,9 @@ GROUP = "computegroups.io/group"
 DEPLOYMENT = "computegroups.io/deployment"
 CLAIM = "computegroups.io/claim"
 SCOPE = "computegroups.io/scope"
+ATTACHED = "computegroups.io/attached"
+"""On a holder pod of a component that attaches to a group made on its own (`"group": ID`): the
+pod is that component's replica, using the group's claim beside the group's own holder."""
 DRAIN_KEY = "computegroups.io/drain"
 HOLDER_CLAIM = "group"
 """The name the holder pod gives the claim it uses, and its container refers to."""
@@ -101,10 +104,12 @@ def claim_object(name: str, namespace: str, claim: Claim, sharing: str,
 
 
 def holder_object(claim_name: str, namespace: str, image: str, labels: Mapping[str, str],
-                  node: str | None = None) -> dict[str, Json]:
+                  node: str | None = None, pod_name: str | None = None) -> dict[str, Json]:
     """The pod that holds a claim: the scheduler allocates only claims a pod uses,
     so this is the cluster's form of a reservation. It runs `image` (a pause
-    container) and nothing else."""
+    container) and nothing else. `pod_name`: another pod on the same claim
+    (an attached component's replica: DRA shares an allocated claim among the
+    pods that reference it), instead of the claim's own holder."""
     spec: dict[str, Json] = {
         "resourceClaims": [{"name": HOLDER_CLAIM, "resourceClaimName": claim_name}],
         "containers": [{"name": "holder", "image": image, "resources": {"claims": [{"name": HOLDER_CLAIM}]}}],
@@ -115,7 +120,7 @@ def holder_object(claim_name: str, namespace: str, image: str, labels: Mapping[s
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": holder_name(claim_name), "namespace": namespace,
+        "metadata": {"name": pod_name or holder_name(claim_name), "namespace": namespace,
                      "labels": {**labels, GROUP: claim_name}},
         "spec": spec,
     }
@@ -123,6 +128,26 @@ def holder_object(claim_name: str, namespace: str, image: str, labels: Mapping[s
 
 def holder_name(claim_name: str) -> str:
     return f"{claim_name}-holder"
+
+
+def user_holder_object(component: str, replica: int, group_id: str, namespace: str,
+                       image: str) -> dict[str, Json]:
+    """Replica `replica` of a component attached to the group `group_id` (a claim made on its own):
+    a holder pod of the component's that references the group's claim."""
+    labels = managed_labels(**{COMPONENT: component, REPLICA: str(replica), ATTACHED: "true"})
+    return holder_object(group_id, namespace, image, labels, pod_name=holder_name(f"{component}-{replica}"))
+
+
+def attached_users(pods: Iterable[Obj]) -> dict[str, list[tuple[str, int]]]:
+    """group id -> the (component, replica) of each attached holder pod that uses it, in order."""
+    users: dict[str, list[tuple[str, int]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(ATTACHED) != "true" or meta.get("deletionTimestamp") or GROUP not in labels:
+            continue
+        users.setdefault(labels[GROUP], []).append((labels.get(COMPONENT, ""), int(labels.get(REPLICA, 0))))
+    return {g: sorted(u) for g, u in users.items()}
 
 
 # -- devices -------------------------------------------------------------------
@@ -237,9 +262,11 @@ def allocated_devices(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str,
 
 
 def group_document(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str, Json]],
-                   drained: bool, reason: str | None) -> dict[str, Json]:
+                   drained: bool, reason: str | None,
+                   attached: Sequence[tuple[str, int]] = ()) -> dict[str, Json]:
     """The Group document of one ResourceClaim: `pending` until the scheduler allocates it
-    (with its reason), `draining` while a DeviceTaintRule of ours covers it."""
+    (with its reason), `draining` while a DeviceTaintRule of ours covers it. `attached`: the
+    components' replicas whose holder pods use it besides its own holder."""
     meta = claim.get("metadata") or {}
     labels = meta.get("labels") or {}
     found = allocated_devices(claim, devices)
@@ -250,7 +277,8 @@ def group_document(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str, Js
     node = next((d["node"] for d in found), None)
     return {
         "id": meta.get("name"), "state": state, "owner": component,
-        "users": [f"{component}/{replica}"] if component is not None and replica is not None else [],
+        "users": ([f"{component}/{replica}"] if component is not None and replica is not None else [])
+        + [f"{c}/{i}" for c, i in attached],
         "scope": labels.get(SCOPE, "per-replica") if component else None, "replica": replica,
         "claim": stored_claim(claim), "devices": found, "domain": node, "exclusive_domain": None,
         "priority": 0, "created": meta.get("creationTimestamp"),
@@ -261,18 +289,28 @@ def group_document(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str, Js
     }
 
 
-def component_document(name: str, groups: Sequence[Mapping[str, Json]]) -> dict[str, Json]:
+def component_document(name: str, groups: Sequence[Mapping[str, Json]],
+                       attached: Sequence[int] = ()) -> dict[str, Json]:
     """A Component from its groups. `scheduling` while the scheduler has not
     placed every group yet (its reason in `queue`): on a cluster an
-    allocation that does not fit waits rather than being refused."""
-    groups = sorted(groups, key=lambda g: g.get("replica") or 0)
-    pending = [g for g in groups if g["state"] == "pending"]
-    replicas = [{"index": g.get("replica") or 0, "group": g["id"], "groups": [g["id"]], "role": "primary",
+    allocation that does not fit waits rather than being refused.
+
+    `attached`: the component's replicas attach to `groups[0]`, a group made
+    on its own (`"group": ID`), one holder pod per replica index."""
+    scope: str | None
+    if attached:
+        uses = [(i, groups[0]) for i in sorted(attached)]
+        scope = "all-replicas"
+    else:
+        uses = sorted(((g.get("replica") or 0, g) for g in groups), key=lambda u: u[0])
+        scope = groups[0].get("scope") if groups else None
+    pending = [g for _, g in uses if g["state"] == "pending"]
+    replicas = [{"index": i, "group": g["id"], "groups": [g["id"]], "role": "primary",
                  "state": "pending" if g["state"] == "pending" else "allocated", "devices": g["devices"],
-                 "node": g.get("node")} for g in groups]
+                 "node": g.get("node")} for i, g in uses]
     return {
         "name": name, "state": "scheduling" if pending else "allocated",
-        "replicas_wanted": len(groups), "scope": groups[0].get("scope") if groups else None,
+        "replicas_wanted": len(uses), "scope": scope,
         "replicas": replicas,
         "queue": {"reason": pending[0]["explanation"]} if pending else None,
         "explanation": pending[0]["explanation"] if pending else None,

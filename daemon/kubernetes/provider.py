@@ -41,7 +41,7 @@ TAINT_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 """resource.k8s.io versions that may serve DeviceTaintRule, newest first (alpha in 1.33, v1 later)."""
 CODES = {400: "bad_request", 403: "forbidden", 404: "not_found", 409: "conflict", 422: "bad_request"}
 """The API server's statuses as docs/api.md's error codes."""
-ALLOCATE_KEYS = frozenset({"claim", "replicas", "scope", "wait"})
+ALLOCATE_KEYS = frozenset({"claim", "group", "replicas", "scope", "wait"})
 
 
 def load_config(kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> Any:
@@ -163,12 +163,17 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             return []
         return await self._list(self._taint_resource(version), namespaced=False, labels=k.selector())
 
-    async def _reasons(self, claims: Sequence[Mapping[str, Json]]) -> dict[str, str | None]:
+    async def _holders(self) -> list[dict[str, Json]]:
+        """Every holder pod of ours: the groups' own, and those of components attached to a group."""
+        return await self._list(Pod, labels=k.selector())
+
+    async def _reasons(self, claims: Sequence[Mapping[str, Json]],
+                       holders: Sequence[Mapping[str, Json]]) -> dict[str, str | None]:
         """Why each unallocated claim waits, from its holder pod and the pod's events."""
         waiting = [c["metadata"]["name"] for c in claims if not (c.get("status") or {}).get("allocation")]
         if not waiting:
             return {}
-        pods = {p["metadata"]["name"]: p for p in await self._list(Pod, labels=k.selector())}
+        pods = {p["metadata"]["name"]: p for p in holders}
         async with translated():
             events = [e.to_dict() async for e in self.client.list(
                 Event, namespace=self.namespace, fields={"involvedObject.kind": "Pod"})]
@@ -180,12 +185,14 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return reasons
 
     async def _groups(self, claims: Sequence[Mapping[str, Json]]) -> list[dict[str, Json]]:
-        devices, rules, reasons = await asyncio.gather(self._devices(), self._rules(), self._reasons(claims))
+        devices, rules, holders = await asyncio.gather(self._devices(), self._rules(), self._holders())
+        reasons = await self._reasons(claims, holders)
         drained, _ = k.drained_devices(rules)
+        users = k.attached_users(holders)
         groups = []
         for c in claims:
             name = c["metadata"]["name"]
-            group = k.group_document(c, devices, name in drained, reasons.get(name))
+            group = k.group_document(c, devices, name in drained, reasons.get(name), users.get(name, ()))
             group["warnings"] = k.check_claim(group["claim"])
             groups.append(group)
         return sorted(groups, key=lambda g: g["id"])
@@ -214,14 +221,17 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if extra:
             raise ValueError(f"{extra[0]}: not supported by the Kubernetes provider, which only allocates "
                              "(run work on a cluster as a deployment: cgctl --kubernetes apply)")
+        if resources.get("group") is not None:
+            if "claim" in resources:
+                raise ValueError(f"claim: not allowed with group: the groups come from {resources['group']!r}")
+            return await self._attach(component_name, str(resources["group"]), int(resources.get("replicas") or 1))
         if "claim" not in resources:
-            raise ValueError("claim: required by the Kubernetes provider (no share_with or shadow_of)")
+            raise ValueError("claim: required by the Kubernetes provider (or group; no share_with or shadow_of)")
         claim = self._checked(resources["claim"])
         scope = resources.get("scope") or "per-replica"
         if scope not in ("per-replica", "all-replicas"):
             raise ValueError(f"scope: must be per-replica or all-replicas, got {scope!r}")
-        if await self._claims(**{k.COMPONENT: component_name}):
-            raise ClusterError(409, "conflict", f"component {component_name} already exists")
+        await self._check_new(component_name)
         await self._check_fits(claim)
         count = int(resources.get("replicas") or 1) if scope == "per-replica" else 1
         names = [f"{component_name}-{i}" for i in range(count)]
@@ -240,6 +250,56 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if component["state"] == "scheduling" and resources.get("wait"):
             component["state"] = "pending"
         return component
+
+    async def _check_new(self, component_name: str) -> None:
+        claims, holders = await asyncio.gather(self._claims(**{k.COMPONENT: component_name}),
+                                               self._attached(component_name))
+        if claims or holders:
+            raise ClusterError(409, "conflict", f"component {component_name} already exists")
+
+    async def _attached(self, component_name: str) -> list[dict[str, Json]]:
+        """The holder pods of a component attached to a group made on its own, one per replica."""
+        found = await self._list(Pod, labels=k.selector(**{k.COMPONENT: component_name, k.ATTACHED: "true"}))
+        return [p for p in found if not p["metadata"].get("deletionTimestamp")]
+
+    async def _attach(self, component_name: str, group_id: str, replicas: int) -> dict[str, Json]:
+        """Every replica attaches to the group: a holder pod of its own that references the group's
+        claim (DRA shares an allocated claim among the pods that use it), so the group's capacity is
+        counted once for all its users, as on cgd."""
+        if replicas < 1:
+            raise ValueError(f"replicas: must be at least 1, got {replicas}")
+        group = await self.get_group(group_id)
+        if group["owner"]:
+            raise ClusterError(409, "conflict", f"group {group_id!r} belongs to component {group['owner']!r}: "
+                               "only a group made on its own (create_compute_group) takes users by id")
+        who = ", ".join(f"{component_name}/{i}" for i in range(replicas))
+        if group["state"] == "draining":
+            raise ClusterError(409, "conflict", f"group {group_id!r} is draining: nothing new attaches to it "
+                               f"({who}); delete its DeviceTaintRules to undrain it")
+        if group["state"] != "allocated":
+            raise ClusterError(409, "conflict", f"group {group_id!r} is {group['state']}: nothing attaches to "
+                               f"it before the scheduler allocates it ({group['explanation']})")
+        await self._check_new(component_name)
+        made: list[str] = []
+        try:
+            for i in range(replicas):
+                pod = k.user_holder_object(component_name, i, group_id, self.namespace, self.holder_image)
+                async with translated():
+                    await self.client.create(cast(Pod, Pod.from_dict(pod)))
+                made.append(pod["metadata"]["name"])
+        except BaseException:  # all replicas or none, as on cgd
+            await self._delete_pods(made)
+            raise
+        return k.component_document(component_name, [await self.get_group(group_id)], range(replicas))
+
+    async def _delete_pods(self, names: Sequence[str]) -> None:
+        for name in names:
+            try:
+                async with translated():
+                    await self.client.delete(Pod, name, namespace=self.namespace, grace_period=0)
+            except ClusterError as exc:
+                if exc.code != "not_found":
+                    raise
 
     def _checked(self, claim: Mapping[str, Json]) -> Claim:
         """The claim as cgd would read it (same model, same refusals), then what has no cluster form."""
@@ -317,10 +377,20 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             await asyncio.sleep(self.poll_s)
 
     async def deallocate_resources(self, component_name: str, resource_ids: Sequence[str]) -> bool:
-        """Each group is a claim of its own, so some of a component's groups may go alone."""
+        """Each group is a claim of its own, so some of a component's groups may go alone.
+        A component attached to a group made on its own gives back its holder pods; the
+        group stays, as on cgd."""
         owned = {c["metadata"]["name"] for c in await self._claims(**{k.COMPONENT: component_name})}
         if not owned:
-            return False
+            holders = await self._attached(component_name)
+            if not holders:
+                return False
+            used = {p["metadata"]["labels"][k.GROUP] for p in holders}
+            missing = set(resource_ids) - used
+            if missing:
+                raise ValueError(f"{', '.join(sorted(missing))}: not groups of {component_name}")
+            await self._delete_pods([p["metadata"]["name"] for p in holders])
+            return True
         missing = set(resource_ids) - owned
         if missing:
             raise ValueError(f"{', '.join(sorted(missing))}: not groups of {component_name}")
@@ -332,8 +402,10 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         unknown = sorted(set(filters) - set(GROUP_FILTERS))
         if unknown:
             raise ValueError(f"unknown filter {unknown[0]!r}: use {', '.join(GROUP_FILTERS)}")
-        labels = {k.COMPONENT: str(filters["component"])} if filters.get("component") else {}
-        groups = await self._groups(await self._claims(**labels))
+        groups = await self._groups(await self._claims())
+        if filters.get("component"):  # owns it, or uses it (attached by id)
+            name = str(filters["component"])
+            groups = [g for g in groups if g["owner"] == name or any(u.split("/")[0] == name for u in g["users"])]
         if filters.get("state"):
             groups = [g for g in groups if g["state"] == filters["state"]]
         if filters.get("gpu") is not None:
@@ -375,17 +447,30 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         owner = claim["metadata"].get("labels", {}).get(k.COMPONENT)
         if owner:
             raise ClusterError(409, "conflict", f"{group_id} belongs to component {owner}: deallocate that")
+        await self._check_unused(group_id)
         return await self._delete_held(group_id)
+
+    async def _check_unused(self, group_id: str) -> None:
+        """A group made on its own goes only once no component attached to it uses it (cgd's rule)."""
+        users = k.attached_users(await self._holders()).get(group_id)
+        if users:
+            names = sorted({c for c, _ in users})
+            raise ClusterError(409, "conflict", f"group {group_id!r} is in use by "
+                               f"{', '.join(repr(c) for c in names)} ({', '.join(f'{c}/{i}' for c, i in users)}): "
+                               f"release {'it' if len(names) == 1 else 'them'} first")
 
     async def deallocate_group(self, group_id: str) -> bool:
         """On a cluster each group is a claim of its own with its own holder pod, so one group is
-        freed alone, whoever it belongs to: its claim and holder are deleted."""
+        freed alone, whoever it belongs to: its claim and holder are deleted. A group made on
+        its own is refused while a component attached to it uses it, as `delete_group` is."""
         try:
-            await self._claim(group_id)
+            claim = await self._claim(group_id)
         except ClusterError as exc:
             if exc.code == "not_found":
                 return False
             raise
+        if not claim["metadata"].get("labels", {}).get(k.COMPONENT):
+            await self._check_unused(group_id)
         return await self._delete_held(group_id)
 
     async def drain_group(self, group_id: str) -> dict[str, Json]:
@@ -407,17 +492,26 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return await self.get_group(group_id)
 
     async def list_components(self) -> list[dict[str, Json]]:
+        """The owners of claims, and the components attached to a group made on its own."""
         per: dict[str, list[dict[str, Json]]] = {}
+        attached: dict[str, list[int]] = {}
         for g in await self._groups(await self._claims()):
             if g["owner"]:
                 per.setdefault(g["owner"], []).append(g)
-        return [k.component_document(name, groups) for name, groups in sorted(per.items())]
+            for user in g["users"] if not g["owner"] else ():
+                name, replica = user.rsplit("/", 1)
+                per.setdefault(name, [g])
+                attached.setdefault(name, []).append(int(replica))
+        return [k.component_document(name, groups, attached.get(name, ())) for name, groups in sorted(per.items())]
 
     async def wait_component(self, component_name: str, until: str, timeout: float | None) -> dict[str, Json]:
         if until != "placed":
             raise ValueError(f"until={until!r}: the Kubernetes provider runs no jobs; only 'placed' is waited for")
         names = [c["metadata"]["name"] for c in await self._claims(**{k.COMPONENT: component_name})]
         if not names:
+            for component in await self.list_components():
+                if component["name"] == component_name:  # attached to an allocated group: placed already
+                    return component
             raise ClusterError(404, "not_found", f"no component {component_name} in namespace {self.namespace}")
         groups = await self._wait_allocated(names, timeout)
         component = k.component_document(component_name, groups)

@@ -76,6 +76,16 @@ def _matches(labels: Mapping[str, str], selector: str) -> bool:
     return True
 
 
+def _allocated_node(claim: Mapping[str, Any]) -> str | None:
+    """The node an allocated claim's devices are on (its allocation's node selector), None before."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name":
+                return str(field["values"][0])
+    return None
+
+
 def write_kubeconfig(path: Path, server: str, namespace: str = NAMESPACE) -> Path:
     """A kubeconfig (JSON is YAML) whose one context, `emulated`, is `server` and `namespace`."""
     path.write_text(json.dumps({
@@ -265,11 +275,13 @@ class EmulatedCluster:
                 continue
             for claim in wanted:
                 assert claim is not None
+                user = {"resource": "pods", "name": name, "uid": pod["metadata"].get("uid")}
                 if not claim.get("status", {}).get("allocation"):
                     claim.patch({"metadata": {"finalizers": [PROTECTION]},
                                  "status": {"allocation": placed[claim["metadata"]["name"]],
-                                            "reservedFor": [{"resource": "pods", "name": name,
-                                                             "uid": pod["metadata"].get("uid")}]}})
+                                            "reservedFor": [user]}})
+                else:  # an allocated claim is shared by every pod that references it
+                    claim.patch({"status": {"reservedFor": [*claim["status"].get("reservedFor", []), user]}})
             pod.patch({"spec": {"nodeName": placed["node"]}, "status": {"phase": "Running", "conditions": [
                 {"type": "PodScheduled", "status": "True"}]}})
 
@@ -302,8 +314,9 @@ class EmulatedCluster:
     def _allocate(self, emulator: ClusterEmulator, claims: list[Any], pod: Any) -> dict[str, Any] | None:
         used, tainted = self._used(emulator), self._tainted(emulator)
         pinned = (pod.get("spec", {}).get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        bound = {_allocated_node(c) for c in claims} - {None}
         for node, count in self.nodes.items():
-            if pinned not in (None, node):
+            if pinned not in (None, node) or bound - {node}:  # a pod goes where its allocated claims are
                 continue
             free = [f"gpu-{i}" for i in range(count) if (node, f"gpu-{i}") not in tainted]
             taken: dict[str, list[int | None]] = {d: list(used.get((node, d), [])) for d in free}
