@@ -255,7 +255,7 @@ def allocated_devices(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str,
         out.append({
             "index": known.get("index"), "uuid": known.get("uuid"), "mig_uuid": known.get("mig_uuid"),
             "memory_mib": memory, "compute_pct": compute,
-            "whole": whole and known.get("mig_uuid") is None,
+            "whole": whole and known.get("mig_uuid") is None, "name": known.get("name"),
             "node": known.get("node") or r.get("pool"), "pool": r.get("pool"), "device": r.get("device"),
         })
     return out
@@ -284,6 +284,7 @@ def group_document(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str, Js
         "priority": 0, "created": meta.get("creationTimestamp"),
         "explanation": None if allocated else reason or "waiting for the scheduler",
         "reservation": None,
+        "deployment": labels.get(DEPLOYMENT),
         "node": node, "namespace": meta.get("namespace"),
         "holder": holder_name(str(meta.get("name"))),
     }

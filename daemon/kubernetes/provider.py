@@ -28,9 +28,10 @@ from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from computegroups.daemon.client.providers import GROUP_FILTERS, ComputeResourceProvider
+from computegroups.daemon.client.providers import ComputeResourceProvider
 from computegroups.daemon.kubernetes import cluster_objects as k
 from computegroups.daemon.kubernetes.cluster_errors import ClusterError, ClusterUnreachable, NotSupportedByCluster
+from computegroups.daemon.kubernetes.cluster_filters import checked_filters, matches
 from computegroups.daemon.kubernetes.render_claims import SHARINGS
 from computegroups.daemon.model.claims import Claim
 
@@ -399,18 +400,10 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return True
 
     async def list_groups(self, filters: Mapping[str, Json]) -> list[dict[str, Json]]:
-        unknown = sorted(set(filters) - set(GROUP_FILTERS))
-        if unknown:
-            raise ValueError(f"unknown filter {unknown[0]!r}: use {', '.join(GROUP_FILTERS)}")
-        groups = await self._groups(await self._claims())
-        if filters.get("component"):  # owns it, or uses it (attached by id)
-            name = str(filters["component"])
-            groups = [g for g in groups if g["owner"] == name or any(u.split("/")[0] == name for u in g["users"])]
-        if filters.get("state"):
-            groups = [g for g in groups if g["state"] == filters["state"]]
-        if filters.get("gpu") is not None:
-            groups = [g for g in groups if int(filters["gpu"]) in {d["index"] for d in g["devices"]}]
-        return groups
+        """cgd's filters, read from the claims and their devices (cluster_filters.py); `pool` is refused."""
+        wanted = checked_filters(filters)
+        labels = {k.DEPLOYMENT: str(wanted["deployment"])} if "deployment" in wanted else {}
+        return [g for g in await self._groups(await self._claims(**labels)) if matches(g, wanted)]
 
     async def _claim(self, group_id: str) -> dict[str, Json]:
         try:

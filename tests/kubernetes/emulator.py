@@ -135,10 +135,13 @@ class EmulatedCluster:
     """The emulator on 127.0.0.1, its GPU nodes (NVIDIA DRA ResourceSlices) and the test's scheduler."""
 
     def __init__(self, nodes: Mapping[str, int] | None = None, *, memory_mib: int = 81559,
-                 product: str = "NVIDIA H100 80GB HBM3", taint_api: str | None = "v1") -> None:
+                 product: str = "NVIDIA H100 80GB HBM3", products: Mapping[str, str] | None = None,
+                 taint_api: str | None = "v1") -> None:
         self.nodes = dict(nodes or {"dgx-h100": 8})
         self.memory_mib = memory_mib
         self.product = product
+        self.products = dict(products or {})
+        """node -> the GPU model of its devices, where it is not `product`."""
         self.taint_api = taint_api
         self.taints = resource(group="resource.k8s.io", version=taint_api or "v1", plural="devicetaintrules")
         self.scheduling = "allocate"
@@ -214,7 +217,7 @@ class EmulatedCluster:
                          "name": f"gpu-{i}", "allowMultipleAllocations": True,
                          "attributes": {"type": {"string": "gpu"},
                                         "uuid": {"string": f"GPU-{node}-{i:04d}"},
-                                        "productName": {"string": self.product},
+                                        "productName": {"string": self.products.get(node, self.product)},
                                         "brand": {"string": "Nvidia"}, "architecture": {"string": "Hopper"},
                                         "cudaComputeCapability": {"version": "9.0.0"},
                                         "driverVersion": {"version": "580.65.6"}},
