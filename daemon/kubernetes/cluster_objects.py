@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
 
 from computegroups.daemon.kubernetes.render_claims import claim_template_spec
+from computegroups.daemon.kubernetes.render_selectors import selector_problems
 from computegroups.daemon.model.claims import Claim
 
 Json = Any
@@ -57,6 +59,7 @@ UNSUPPORTED = {
     "allow_busy": "the scheduler knows no foreign processes",
     "affinity": "use pod affinity in a deployment",
     "anti_affinity": "use pod anti-affinity in a deployment",
+    "cpus": "CPUs are a pod's resources.requests.cpu, not a DRA claim; a CPU-only claim has no device to claim",
 }
 """Claim keys with no Kubernetes form: refused by name, never dropped."""
 
@@ -79,8 +82,10 @@ def selector(**more: str) -> dict[str, str]:
 def check_claim(claim: Mapping[str, Json]) -> list[str]:
     """Refuse what has no Kubernetes form; answer the warnings of what is kept in a weaker form."""
     for key, why in UNSUPPORTED.items():
-        if claim.get(key) not in (None, False, (), []):
+        if claim.get(key) not in (None, False, (), []) or (key == "cpus" and key in claim):  # cpus = 0 too
             raise ValueError(f"{key}: not supported by the Kubernetes provider ({why})")
+    for key, why in selector_problems(Claim.from_dict(claim)).items():
+        raise ValueError(f"{key}: not supported by the Kubernetes provider ({why})")
     if claim.get("priority"):
         raise ValueError("priority: not supported by the Kubernetes provider (use a PriorityClass)")
     colocate = claim.get("colocate")
@@ -162,6 +167,15 @@ def _attr(device: Obj, name: str) -> Json:
     return None
 
 
+def _version(value: Json) -> tuple[int, int] | None:
+    """A semver attribute (`9.0.0`) as (major, minor)."""
+    parts = str(value or "").split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) if len(parts) >= 2 else None
+    except ValueError:
+        return None
+
+
 def _mib(quantity: Json) -> int | None:
     if quantity is None:
         return None
@@ -192,6 +206,7 @@ def slice_devices(slices: Iterable[Obj]) -> dict[tuple[str, str], dict[str, Json
                 "mig_uuid": _attr(d, "uuid") if mig else None,
                 "mig_profile": _attr(d, "profile") if mig else None,
                 "name": _attr(d, "productName"),
+                "compute_capability": _version(_attr(d, "cudaComputeCapability")),
                 "memory_mib": _mib((d.get("capacity") or {}).get("memory")),
                 "shareable": bool(d.get("allowMultipleAllocations")),
                 "taints": list(d.get("taints") or []),
@@ -246,7 +261,8 @@ def allocated_devices(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str,
         if r.get("driver") != DRIVER:
             continue
         known = devices.get((r.get("pool"), r.get("device")), {})
-        whole = not (asked.get("memory_mib") or asked.get("compute_pct"))
+        whole = not (asked.get("memory_mib") or asked.get("compute_pct")) or asked.get("share") == "whole" \
+            or str(r.get("request", "")).endswith("/whole")  # `share = "any"` served by its whole device
         memory, compute = known.get("memory_mib"), 100
         if not whole:  # what the device gave (consumable capacity), else what MPS limits the share to
             consumed = r.get("consumedCapacity") or {}
@@ -382,19 +398,46 @@ def drained_devices(rules: Iterable[Obj]) -> tuple[set[str], set[tuple[str, str]
 
 def fits_somewhere(claim: Mapping[str, Json], devices: Mapping[tuple[str, str], Mapping[str, Json]]) -> bool:
     """Whether any one node has devices enough for the claim at all (a claim is
-    allocated on one node): a claim that can never fit is refused up front, as
-    cgd refuses it, instead of waiting for ever."""
+    allocated on one node), among those its selectors admit: a claim that can
+    never fit is refused up front, as cgd refuses it, instead of waiting for ever."""
+    asked = Claim.from_dict(dict(claim))
     per_node: dict[str, list[Mapping[str, Json]]] = {}
     for d in devices.values():
-        per_node.setdefault(d["node"], []).append(d)
+        if selected(d, asked):
+            per_node.setdefault(d["node"], []).append(d)
     for found in per_node.values():
         gpus = [d for d in found if d["mig_uuid"] is None]
-        if claim.get("gpus"):
-            if len(gpus) >= int(claim["gpus"]):
+        if asked.kind == "whole":
+            if _enough(gpus, asked):
                 return True
-        elif claim.get("mig"):
-            if any(d["mig_profile"] == claim["mig"] for d in found):
+        elif asked.kind == "mig":
+            if any(d["mig_profile"] == asked.mig for d in found):
                 return True
-        elif any((d["memory_mib"] or 0) >= int(claim.get("memory_mib") or 0) for d in gpus):
+        elif any((d["memory_mib"] or 0) >= (asked.memory_mib or 0) for d in gpus):
             return True
     return False
+
+
+def selected(device: Mapping[str, Json], claim: Claim) -> bool:
+    """Whether the claim's selectors admit the device, as its CEL selectors would (render_selectors.py)."""
+    if claim.model is not None and not fnmatchcase(str(device.get("name") or "").lower(), claim.model.lower()):
+        return False
+    if claim.min_memory_mib is not None and device["mig_uuid"] is None \
+            and (device.get("memory_mib") or 0) < claim.min_memory_mib:
+        return False
+    if claim.compute_capability is not None:
+        wanted = tuple(int(p) for p in claim.compute_capability.split("."))
+        if device.get("compute_capability") is None or device["compute_capability"] < wanted:
+            return False
+    return True
+
+
+def _enough(gpus: Sequence[Mapping[str, Json]], claim: Claim) -> bool:
+    """`gpus` whole devices, all of one model where the claim says `same = "model"`."""
+    count = claim.gpus or 1
+    if claim.same is None:
+        return len(gpus) >= count
+    models: dict[Json, int] = {}
+    for d in gpus:
+        models[d.get("name")] = models.get(d.get("name"), 0) + 1
+    return any(n >= count for n in models.values())

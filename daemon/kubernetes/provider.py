@@ -219,6 +219,9 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         scheduler's reason (`pending` with `wait`: the manager then waits,
         as it waits for cgd's queue)."""
         extra = sorted(set(resources) - ALLOCATE_KEYS)
+        if "cpu_bind" in extra:
+            raise ValueError("cpu_bind: not supported by the Kubernetes provider (CPU placement near the GPUs is "
+                             "the kubelet's CPU and topology managers' policy on a cluster)")
         if extra:
             raise ValueError(f"{extra[0]}: not supported by the Kubernetes provider, which only allocates "
                              "(run work on a cluster as a deployment: cgctl --kubernetes apply)")

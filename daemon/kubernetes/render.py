@@ -72,6 +72,7 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
         raise RenderError("image: every component runs in a container on Kubernetes and the file names no "
                           "image: give one (cgctl render kubernetes --image IMAGE)")
     plan = _SharingPlan(spec)
+    plan.drop({c.name for c in spec.claims if c.claim.kind == "cpu"})
     templates, warnings = _claim_templates(spec, sharing)
     warnings = plan.warnings + warnings
     if any(s != spec.file_sizes() for s in spec.sizes):
@@ -103,7 +104,9 @@ def _claim_templates(spec: DeploymentSpec, sharing: str) -> tuple[list[Entry], l
     per_replica = {e.claim for _, e in _all_entries(spec) if e.scope is Scope.PER_REPLICA}
     templates, warnings = [], []
     for i, claim in enumerate(spec.claims):
-        templates.append({"name": claim.name, "templateSpec": {"spec": claim_template_spec(claim.claim, sharing)}})
+        if claim.claim.kind != "cpu":
+            templates.append({"name": claim.name,
+                              "templateSpec": {"spec": claim_template_spec(claim.claim, sharing)}})
         warnings += claim_warnings(claim, f"claims[{i}]", claim.name in per_replica)
     shares = [f"claims[{i}]" for i, c in enumerate(spec.claims) if c.claim.kind == "share"]
     if shares and sharing == "dra":
@@ -159,6 +162,12 @@ class _SharingPlan:
         for i, c in enumerate(spec.components):
             for j, e in enumerate(c.sharing):
                 self._component_entry(f"components[{i}].sharing[{j}]", c.name, e)
+
+    def drop(self, claims: set[str]) -> None:
+        """Share none of `claims` at any level (CPU-only claims: they have no DRA form)."""
+        self.set = [e for e in self.set if e["name"] not in claims]
+        for entries in (*self.groups.values(), *self.cliques.values()):
+            entries[:] = [e for e in entries if e["name"] not in claims]
 
     def with_shadows(self, names: Iterable[str]) -> list[str]:
         return [n for name in names for n in (name, *self.shadows.get(name, ()))]
