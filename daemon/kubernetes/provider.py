@@ -18,7 +18,7 @@ import importlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
 
 import httpx2
@@ -57,8 +57,9 @@ def load_config(kubeconfig: str | os.PathLike[str] | None = None, context: str |
 
 
 @asynccontextmanager
-async def translated() -> AsyncIterator[None]:
-    """The API server's refusals as `ClusterError`, a silent server as `ClusterUnreachable`."""
+async def translated(server: str | None = None) -> AsyncIterator[None]:
+    """The API server's refusals as `ClusterError`, a silent server as `ClusterUnreachable`
+    naming it (`server`: its URL, as the kubeconfig gives it)."""
     try:
         yield
     except ApiError as exc:
@@ -72,7 +73,8 @@ async def translated() -> AsyncIterator[None]:
             message = exc.response.reason_phrase
         raise ClusterError(status, CODES.get(status, "cluster_error"), message) from None
     except httpx2.TransportError as exc:
-        raise ClusterUnreachable(f"cannot reach the cluster's API server: {exc or type(exc).__name__}") from None
+        at = f" at {server}" if server else ""
+        raise ClusterUnreachable(f"cannot reach the cluster's API server{at}: {exc or type(exc).__name__}") from None
 
 
 class KubernetesComputeResourceProvider(ComputeResourceProvider):
@@ -107,11 +109,21 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
     async def close(self) -> None:
         await self.client.close()
 
+    @property
+    def server(self) -> str | None:
+        """The API server's URL, as the kubeconfig (or the caller's client) gives it."""
+        cluster = getattr(getattr(self.client, "config", None), "cluster", None)
+        return getattr(cluster, "server", None)
+
+    def translated(self) -> AbstractAsyncContextManager[None]:
+        """`translated` for calls to this provider's API server, naming it when it is silent."""
+        return translated(self.server)
+
     # -- reading the cluster ---------------------------------------------------
 
     async def _list(self, res: Any, *, namespaced: bool = True,
                     labels: Mapping[str, str] | None = None) -> list[dict[str, Json]]:
-        async with translated():
+        async with self.translated():
             found = self.client.list(res, namespace=self.namespace if namespaced else None,
                                      labels=dict(labels) if labels else None)
             return [o.to_dict() async for o in found]
@@ -130,7 +142,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if not self._taint_asked:
             self._taint_asked = True
             for version in TAINT_VERSIONS:
-                async with translated():
+                async with self.translated():
                     answer = await self._discover(f"/apis/resource.k8s.io/{version}")
                 if any(r.get("name") == "devicetaintrules" for r in (answer or {}).get("resources") or []):
                     self._taint_version = version
@@ -175,7 +187,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if not waiting:
             return {}
         pods = {p["metadata"]["name"]: p for p in holders}
-        async with translated():
+        async with self.translated():
             events = [e.to_dict() async for e in self.client.list(
                 Event, namespace=self.namespace, fields={"involvedObject.kind": "Pod"})]
         reasons = {}
@@ -288,7 +300,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         try:
             for i in range(replicas):
                 pod = k.user_holder_object(component_name, i, group_id, self.namespace, self.holder_image)
-                async with translated():
+                async with self.translated():
                     await self.client.create(cast(Pod, Pod.from_dict(pod)))
                 made.append(pod["metadata"]["name"])
         except BaseException:  # all replicas or none, as on cgd
@@ -299,7 +311,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
     async def _delete_pods(self, names: Sequence[str]) -> None:
         for name in names:
             try:
-                async with translated():
+                async with self.translated():
                     await self.client.delete(Pod, name, namespace=self.namespace, grace_period=0)
             except ClusterError as exc:
                 if exc.code != "not_found":
@@ -320,11 +332,11 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
                            node: str | None) -> None:
         """The claim first, then its holder; a holder refused takes its claim with it."""
         await self._gone(name)
-        async with translated():
+        async with self.translated():
             await self.client.create(cast(ResourceClaim, ResourceClaim.from_dict(
                 k.claim_object(name, self.namespace, claim, self.sharing, labels))))
         try:
-            async with translated():
+            async with self.translated():
                 await self.client.create(cast(Pod, Pod.from_dict(
                     k.holder_object(name, self.namespace, self.holder_image, labels, node))))
         except BaseException:
@@ -339,7 +351,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         deadline = loop.time() + self.allocation_timeout_s
         while True:
             try:
-                async with translated():
+                async with self.translated():
                     found = (await self.client.get(ResourceClaim, name, namespace=self.namespace)).to_dict()
             except ClusterError as exc:
                 if exc.code == "not_found":
@@ -356,7 +368,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         found = True
         for res, obj in ((Pod, k.holder_name(name)), (ResourceClaim, name)):
             try:
-                async with translated():
+                async with self.translated():
                     await self.client.delete(res, obj, namespace=self.namespace, grace_period=0)
             except ClusterError as exc:
                 if exc.code != "not_found":
@@ -366,7 +378,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if version is not None:
             rule = self._taint_resource(version)
             for r in await self._list(rule, namespaced=False, labels=k.selector(**{k.GROUP: name})):
-                async with translated():
+                async with self.translated():
                     await self.client.delete(rule, r["metadata"]["name"])
         return found
 
@@ -410,7 +422,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
 
     async def _claim(self, group_id: str) -> dict[str, Json]:
         try:
-            async with translated():
+            async with self.translated():
                 claim: dict[str, Json] = (await self.client.get(
                     ResourceClaim, group_id, namespace=self.namespace)).to_dict()
         except ClusterError as exc:
@@ -483,7 +495,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         rule = self._taint_resource(version)
         for i, device in enumerate(group["devices"]):
             doc = k.taint_rule_object(f"{group_id}-drain-{i}", group_id, device, f"resource.k8s.io/{version}")
-            async with translated():
+            async with self.translated():
                 await self.client.apply(rule.from_dict(doc), field_manager=FIELD_MANAGER, force=True)
         return await self.get_group(group_id)
 

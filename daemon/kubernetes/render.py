@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from computegroups.daemon.kubernetes.render_claims import (
     SHARINGS,
     claim_template_spec,
@@ -60,7 +62,7 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
                       sharing: str = "dra") -> Rendered:
     """The PodCliqueSet of `spec` in `namespace`.
 
-    `image` runs every component (the file has no image of its own);
+    `image` runs every component that names no `image` of its own;
     `sharing` is how a share is claimed: `dra` (consumable capacity) or
     `mps` (NVIDIA's MPS configuration), see render_claims.py.
     """
@@ -68,9 +70,11 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
         raise RenderError(f"sharing: must be one of {', '.join(SHARINGS)}, got {sharing!r}")
     if not _DNS_LABEL.fullmatch(namespace):
         raise RenderError(f"namespace: {namespace!r} is not a valid namespace name (a DNS label)")
-    if not image:
-        raise RenderError("image: every component runs in a container on Kubernetes and the file names no "
-                          "image: give one (cgctl render kubernetes --image IMAGE)")
+    for i, c in enumerate(spec.components):
+        if not (c.image or image):
+            raise RenderError(f"components[{i}].image: {c.name!r} names no image and none was given: every "
+                              "component runs in a container on Kubernetes (give it an `image`, or "
+                              "--image IMAGE for every component without one)")
     plan = _SharingPlan(spec)
     plan.drop({c.name for c in spec.claims if c.claim.kind == "cpu"})
     templates, warnings = _claim_templates(spec, sharing)
@@ -117,10 +121,12 @@ def _claim_templates(spec: DeploymentSpec, sharing: str) -> tuple[list[Entry], l
     return templates, warnings
 
 
-def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str) -> tuple[Entry, list[str]]:
+def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str | None) -> tuple[Entry, list[str]]:
     """Component `i` as a clique, and what its process rules say that a pod does not carry."""
     c = spec.components[i]
     request = c.request(c.name, c.shadow_of)
+    if c.time_limit_s is not None:  # a pod's limit only: cgd does not apply it to a deployment's services
+        request = msgspec.structs.replace(request, time_limit_s=c.time_limit_s)
     warnings = process_warnings(request, f"components[{i}]")
     affinity = _merge_affinity(pod_affinity(spec.claim(name), COMPONENT_LABEL) for name in plan.claims_of(c.name))
     replicas = spec.component(c.shadow_of).replicas if c.shadow_of else c.replicas
@@ -134,7 +140,8 @@ def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str) -> tup
                         f"standby the primary's role when {c.shadow_of!r} fails)")
     if plan.cliques[c.name]:
         clique["resourceSharing"] = plan.cliques[c.name]
-    clique["spec"] = {"roleName": c.name, "replicas": replicas, "podSpec": pod_spec(request, c.name, image, affinity)}
+    pod = pod_spec(request, c.name, c.image or str(image), affinity)
+    clique["spec"] = {"roleName": c.name, "replicas": replicas, "podSpec": pod}
     return clique, warnings
 
 

@@ -33,7 +33,8 @@ def quantity(mib: int) -> str:
 
 def glob_regex(glob: str) -> str:
     """The glob as an anchored regex, with fnmatch's rules: `*`, `?`, `[seq]`, `[!seq]`;
-    a `[` with no closing `]` is itself."""
+    a `[` with no closing `]` is itself. Brackets follow CPython's `fnmatch.translate`
+    (reversed ranges dropped, set operators escaped), in syntax RE2 also reads."""
     out, i, n = ["^"], 0, len(glob)
     while i < n:
         c = glob[i]
@@ -42,25 +43,53 @@ def glob_regex(glob: str) -> str:
             out.append(".*")
         elif c == "?":
             out.append(".")
-        elif c == "[":
+        elif c != "[":
+            out.append(_literal(c))
+        else:
             j = i + (i < n and glob[i] == "!")
             j += j < n and glob[j] == "]"
             while j < n and glob[j] != "]":
                 j += 1
             if j >= n:
                 out.append(_literal(c))
-                continue
-            body = glob[i:j]
-            i = j + 1
-            negate = body.startswith("!")
-            body = (body[1:] if negate else body).replace("\\", "\\\\")
-            if not negate and body.startswith("^"):
-                body = "\\" + body
-            out.append(f"[{'^' if negate else ''}{body}]")
-        else:
-            out.append(_literal(c))
+            else:
+                out.append(_bracket(glob, i, j))
+                i = j + 1
     out.append("$")
     return "".join(out)
+
+
+def _bracket(glob: str, i: int, j: int) -> str:
+    """The set `glob[i:j]` (between `[` and `]`) as a regex class."""
+    stuff = glob[i:j]
+    if "-" not in stuff:
+        stuff = stuff.replace("\\", "\\\\")
+    else:
+        chunks = []
+        k = i + 2 if glob[i] == "!" else i + 1
+        while (k := glob.find("-", k, j)) >= 0:
+            chunks.append(glob[i:k])
+            i = k + 1
+            k += 3
+        if glob[i:j]:
+            chunks.append(glob[i:j])
+        else:
+            chunks[-1] += "-"
+        for k in range(len(chunks) - 1, 0, -1):  # a reversed range matches nothing: drop it
+            if chunks[k - 1][-1] > chunks[k][0]:
+                chunks[k - 1] = chunks[k - 1][:-1] + chunks[k][1:]
+                del chunks[k]
+        stuff = "-".join(part.replace("\\", "\\\\").replace("-", "\\-") for part in chunks)
+    stuff = "".join("\\" + ch if ch in "&~|" else ch for ch in stuff)
+    if not stuff:
+        return "[^\\s\\S]"  # an empty set: matches nothing (RE2 has no `(?!)`)
+    if stuff == "!":
+        return "."
+    if stuff[0] == "!":
+        stuff = "^" + stuff[1:]
+    elif stuff[0] in "^[":
+        stuff = "\\" + stuff
+    return f"[{stuff}]"
 
 
 def _literal(c: str) -> str:
