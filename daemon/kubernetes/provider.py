@@ -17,12 +17,11 @@ import asyncio
 import importlib
 import os
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
-import httpx2
-from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube import AsyncClient
 from lightkube.core.generic_client import BasicRequest
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Event, Node, Pod
@@ -30,8 +29,9 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from computegroups.daemon.client.providers import ComputeResourceProvider
 from computegroups.daemon.kubernetes import cluster_objects as k
-from computegroups.daemon.kubernetes.cluster_errors import ClusterError, ClusterUnreachable, NotSupportedByCluster
+from computegroups.daemon.kubernetes.cluster_errors import ClusterError, NotSupportedByCluster
 from computegroups.daemon.kubernetes.cluster_filters import checked_filters, matches
+from computegroups.daemon.kubernetes.provider_client import load_config, translated
 from computegroups.daemon.kubernetes.render_claims import SHARINGS
 from computegroups.daemon.model.claims import Claim
 
@@ -40,41 +40,7 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 FIELD_MANAGER = "computegroups"
 TAINT_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 """resource.k8s.io versions that may serve DeviceTaintRule, newest first (alpha in 1.33, v1 later)."""
-CODES = {400: "bad_request", 403: "forbidden", 404: "not_found", 409: "conflict", 422: "bad_request"}
-"""The API server's statuses as docs/api.md's error codes."""
 ALLOCATE_KEYS = frozenset({"claim", "group", "replicas", "scope", "wait"})
-
-
-def load_config(kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> Any:
-    """The kubeconfig as kubectl finds it (in-cluster, `$KUBECONFIG`, `~/.kube/config`), at `context`."""
-    try:
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig is not None else KubeConfig.from_env()
-        return config.get(context)
-    except ConfigError as exc:
-        raise ClusterUnreachable(f"no usable kubeconfig: {exc}") from None
-    except OSError as exc:
-        raise ClusterUnreachable(f"cannot read the kubeconfig: {exc.strerror or exc}") from None
-
-
-@asynccontextmanager
-async def translated(server: str | None = None) -> AsyncIterator[None]:
-    """The API server's refusals as `ClusterError`, a silent server as `ClusterUnreachable`
-    naming it (`server`: its URL, as the kubeconfig gives it)."""
-    try:
-        yield
-    except ApiError as exc:
-        status = exc.status.code or exc.response.status_code
-        raise ClusterError(status, CODES.get(status, "cluster_error"), exc.status.message or str(exc)) from None
-    except httpx2.HTTPStatusError as exc:  # a Status whose Content-Type has a charset: lightkube leaves it raw
-        status = exc.response.status_code
-        try:
-            message = str(exc.response.json().get("message") or exc.response.reason_phrase)
-        except ValueError:
-            message = exc.response.reason_phrase
-        raise ClusterError(status, CODES.get(status, "cluster_error"), message) from None
-    except httpx2.TransportError as exc:
-        at = f" at {server}" if server else ""
-        raise ClusterUnreachable(f"cannot reach the cluster's API server{at}: {exc or type(exc).__name__}") from None
 
 
 class KubernetesComputeResourceProvider(ComputeResourceProvider):
