@@ -136,10 +136,12 @@ class EmulatedCluster:
 
     def __init__(self, nodes: Mapping[str, int] | None = None, *, memory_mib: int = 81559,
                  product: str = "NVIDIA H100 80GB HBM3", products: Mapping[str, str] | None = None,
-                 taint_api: str | None = "v1") -> None:
+                 taint_api: str | None = "v1", shareable: bool = True) -> None:
         self.nodes = dict(nodes or {"dgx-h100": 8})
         self.memory_mib = memory_mib
         self.product = product
+        self.shareable = shareable
+        """False: devices as NVIDIA's driver publishes them today, not shareable (no consumable capacity)."""
         self.products = dict(products or {})
         """node -> the GPU model of its devices, where it is not `product`."""
         self.taint_api = taint_api
@@ -214,7 +216,7 @@ class EmulatedCluster:
             "spec": {"driver": DRIVER, "nodeName": node,
                      "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                      "devices": [{
-                         "name": f"gpu-{i}", "allowMultipleAllocations": True,
+                         "name": f"gpu-{i}", "allowMultipleAllocations": self.shareable,
                          "attributes": {"type": {"string": "gpu"},
                                         "uuid": {"string": f"GPU-{node}-{i:04d}"},
                                         "productName": {"string": self.products.get(node, self.product)},
@@ -327,22 +329,10 @@ class EmulatedCluster:
             for claim in claims:
                 if claim.get("status", {}).get("allocation"):
                     continue
-                results = []
+                results: list[dict[str, Any]] = []
                 for request in claim["spec"]["devices"]["requests"]:
-                    exactly = request["exactly"]
-                    capacity = (exactly.get("capacity") or {}).get("requests", {})
-                    want = _mib(capacity["memory"]) if "memory" in capacity else None
-                    fits = [d for d in free if not taken[d]] if want is None else [
-                        d for d in free if None not in taken[d] and sum(taken[d]) + want <= self.memory_mib]  # type: ignore[arg-type]
-                    if len(fits) < exactly.get("count", 1):
+                    if not self._take(request, node, free, taken, results):
                         break
-                    for device in fits[:exactly.get("count", 1)]:
-                        taken[device].append(want)
-                        result = {"request": request["name"], "driver": DRIVER, "pool": node, "device": device}
-                        if capacity:  # KEP-5075: what the claim took of a shared device
-                            result["consumedCapacity"] = dict(capacity)
-                            result["shareID"] = str(uuid.uuid4())
-                        results.append(result)
                 else:
                     placed[claim["metadata"]["name"]] = {
                         "devices": {"results": results},
@@ -353,6 +343,32 @@ class EmulatedCluster:
             else:
                 return placed
         return None
+
+    def _take(self, request: Mapping[str, Any], node: str, free: list[str], taken: dict[str, list[int | None]],
+              results: list[dict[str, Any]]) -> bool:
+        """Serve one request on `node`: `exactly`, or the first of its `firstAvailable` subrequests that
+        fits (DRA's prioritized list; the result names `request/subrequest`). A capacity request needs
+        shareable devices (`shareable`), as KEP-5075 does."""
+        options = [(request["name"], request["exactly"])] if "exactly" in request else [
+            (f"{request['name']}/{sub['name']}", sub) for sub in request["firstAvailable"]]
+        for name, exactly in options:
+            capacity = (exactly.get("capacity") or {}).get("requests", {})
+            if capacity and not self.shareable:
+                continue
+            want = _mib(capacity["memory"]) if "memory" in capacity else None
+            fits = [d for d in free if not taken[d]] if want is None else [
+                d for d in free if None not in taken[d] and sum(taken[d]) + want <= self.memory_mib]  # type: ignore[arg-type]
+            if len(fits) < exactly.get("count", 1):
+                continue
+            for device in fits[:exactly.get("count", 1)]:
+                taken[device].append(want)
+                result = {"request": name, "driver": DRIVER, "pool": node, "device": device}
+                if capacity:  # KEP-5075: what the claim took of a shared device
+                    result["consumedCapacity"] = dict(capacity)
+                    result["shareID"] = str(uuid.uuid4())
+                results.append(result)
+            return True
+        return False
 
     def _unschedulable(self, emulator: ClusterEmulator, ns: str | None, name: str, pod: Any) -> None:
         conditions = pod.get("status", {}).get("conditions") or []

@@ -77,3 +77,23 @@ def test_cpus_cpu_bind_and_a_mig_memory_floor_are_refused_by_name(cluster: Emula
 
     on_cluster(kubeconfig, scenario)
     assert cluster.objects(CLAIMS) == []
+
+
+def test_share_any_is_the_share_where_devices_are_shareable_else_a_whole_device(
+        cluster: EmulatedCluster, kubeconfig: Path, tmp_path: Path) -> None:
+    async def shared(m: ComputeGroupManager) -> None:
+        group = await m.create_compute_group({"memory_mib": 20480, "share": "any"})
+        assert [(d["whole"], d["memory_mib"]) for d in group.devices] == [(False, 20480)]
+
+    on_cluster(kubeconfig, shared)
+    emulated = EmulatedCluster({"n": 2}, shareable=False).start()  # NVIDIA's driver today
+    try:
+        async def whole(m: ComputeGroupManager) -> None:
+            group = await m.create_compute_group({"memory_mib": 20480, "share": "any"})
+            assert [(d["whole"], d["memory_mib"]) for d in group.devices] == [(True, 81559)], "its whole subrequest"
+            share = await m.create_compute_group({"memory_mib": 20480})
+            assert share.allocation_state == "pending", "a capacity request needs shareable devices"
+
+        on_cluster(emulated.kubeconfig(tmp_path / "kubeconfig"), whole, timeout=0.3)
+    finally:
+        emulated.stop()
