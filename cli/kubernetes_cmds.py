@@ -20,6 +20,7 @@ import click
 from computegroups.cli.connect import emit_json, emit_lines, fail, json_wanted
 from computegroups.cli.context import CliContext
 from computegroups.cli.deploy import read_file
+from computegroups.cli.kubernetes_render import read_deployment
 from computegroups.cli.render import devices_label, table
 from computegroups.daemon.client.errors import ClientError
 
@@ -68,14 +69,16 @@ def _wrapped(text: str, indent: str = "  ") -> list[str]:
 @click.command()
 @click.option("-f", "--file", "path", metavar="FILE", required=True,
               type=click.Path(dir_okay=False, path_type=str), help="The deployment file (TOML).")
-@click.option("--image", metavar="IMAGE", help="The container image every component runs (required).")
+@click.option("--image", metavar="IMAGE",
+              help="The container image of every component that names no `image` of its own.")
 @click.option("--sharing", type=click.Choice(["dra", "mps"]), default="dra", show_default=True,
               help="A share as DRA consumable capacity, or as NVIDIA's MPS configuration.")
 def apply(path: str, image: str | None, sharing: str) -> None:
     """Create the deployment FILE describes on the cluster, as a Grove
     PodCliqueSet (server-side apply), or bring it to this version."""
-    data = read_file(path)
-    result = on_cluster(lambda p: _deployments(p).apply(data, image=image, source=path, sharing=sharing))
+    body = read_deployment(path)
+    result = on_cluster(lambda p: _deployments(p).apply(body["spec"], image=image, source=path, sharing=sharing,
+                                                        included=body.get("included")))
     for warning in result["warnings"]:
         click.echo("\n".join(_wrapped(f"cgctl: warning: {warning}")), err=True)
     if json_wanted():

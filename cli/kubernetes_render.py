@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from computegroups.cli.connect import fail
-from computegroups.cli.deploy import read_file
+from computegroups.daemon.client.deployfile import DeploymentFileError, load_deployment
 
 WIDTH = 80
 INSTALL_HINT = "pip install 'computegroups[kubernetes]'"
@@ -31,7 +31,8 @@ def render() -> None:
               type=click.Path(dir_okay=False, path_type=str), help="The deployment file (TOML).")
 @click.option("-n", "--namespace", metavar="NS", default="default", show_default=True,
               help="The namespace of the manifests.")
-@click.option("--image", metavar="IMAGE", help="The container image every component runs (required).")
+@click.option("--image", metavar="IMAGE",
+              help="The container image of every component that names no `image` of its own.")
 @click.option("--sharing", type=click.Choice(["dra", "mps"]), default="dra", show_default=True,
               help="A share as DRA consumable capacity, or as NVIDIA's MPS configuration.")
 def kubernetes(path: str, namespace: str, image: str | None, sharing: str) -> None:
@@ -42,10 +43,10 @@ def kubernetes(path: str, namespace: str, image: str | None, sharing: str) -> No
     from computegroups.daemon.model.deployment import DeploymentError, parse
 
     dump = _yaml_dumper()
-    data = read_file(path)
+    body = read_deployment(path)
     try:
-        rendered = render_deployment(parse(data, source=path), namespace=namespace, image=image,
-                                     sharing=sharing)
+        rendered = render_deployment(parse(body["spec"], source=path, included=body.get("included")),
+                                     namespace=namespace, image=image, sharing=sharing)
     except DeploymentError as exc:
         fail(str(exc))
     except RenderError as exc:
@@ -55,6 +56,14 @@ def kubernetes(path: str, namespace: str, image: str | None, sharing: str) -> No
                               break_on_hyphens=False)
         click.echo("\n".join(lines), err=True)
     click.echo(dump(rendered.documents), nl=False)
+
+
+def read_deployment(path: str) -> dict[str, Any]:
+    """The file and the files its `include` names, read as `cgctl apply` reads them (`spec`, `included`)."""
+    try:
+        return load_deployment(path)
+    except DeploymentFileError as exc:
+        fail(str(exc))
 
 
 def _yaml_dumper() -> Any:

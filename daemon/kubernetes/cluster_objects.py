@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from fnmatch import fnmatchcase
 from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
 
 from computegroups.daemon.kubernetes.render_claims import claim_template_spec
+from computegroups.daemon.kubernetes.render_selectors import selector_problems
 from computegroups.daemon.model.claims import Claim
 
 Json = Any
@@ -39,6 +41,9 @@ GROUP = "computegroups.io/group"
 DEPLOYMENT = "computegroups.io/deployment"
 CLAIM = "computegroups.io/claim"
 SCOPE = "computegroups.io/scope"
+ATTACHED = "computegroups.io/attached"
+"""On a holder pod of a component that attaches to a group made on its own (`"group": ID`): the
+pod is that component's replica, using the group's claim beside the group's own holder."""
 DRAIN_KEY = "computegroups.io/drain"
 HOLDER_CLAIM = "group"
 """The name the holder pod gives the claim it uses, and its container refers to."""
@@ -54,6 +59,7 @@ UNSUPPORTED = {
     "allow_busy": "the scheduler knows no foreign processes",
     "affinity": "use pod affinity in a deployment",
     "anti_affinity": "use pod anti-affinity in a deployment",
+    "cpus": "CPUs are a pod's resources.requests.cpu, not a DRA claim; a CPU-only claim has no device to claim",
 }
 """Claim keys with no Kubernetes form: refused by name, never dropped."""
 
@@ -76,8 +82,10 @@ def selector(**more: str) -> dict[str, str]:
 def check_claim(claim: Mapping[str, Json]) -> list[str]:
     """Refuse what has no Kubernetes form; answer the warnings of what is kept in a weaker form."""
     for key, why in UNSUPPORTED.items():
-        if claim.get(key) not in (None, False, (), []):
+        if claim.get(key) not in (None, False, (), []) or (key == "cpus" and key in claim):  # cpus = 0 too
             raise ValueError(f"{key}: not supported by the Kubernetes provider ({why})")
+    for key, why in selector_problems(Claim.from_dict(claim)).items():
+        raise ValueError(f"{key}: not supported by the Kubernetes provider ({why})")
     if claim.get("priority"):
         raise ValueError("priority: not supported by the Kubernetes provider (use a PriorityClass)")
     colocate = claim.get("colocate")
@@ -101,10 +109,12 @@ def claim_object(name: str, namespace: str, claim: Claim, sharing: str,
 
 
 def holder_object(claim_name: str, namespace: str, image: str, labels: Mapping[str, str],
-                  node: str | None = None) -> dict[str, Json]:
+                  node: str | None = None, pod_name: str | None = None) -> dict[str, Json]:
     """The pod that holds a claim: the scheduler allocates only claims a pod uses,
     so this is the cluster's form of a reservation. It runs `image` (a pause
-    container) and nothing else."""
+    container) and nothing else. `pod_name`: another pod on the same claim
+    (an attached component's replica: DRA shares an allocated claim among the
+    pods that reference it), instead of the claim's own holder."""
     spec: dict[str, Json] = {
         "resourceClaims": [{"name": HOLDER_CLAIM, "resourceClaimName": claim_name}],
         "containers": [{"name": "holder", "image": image, "resources": {"claims": [{"name": HOLDER_CLAIM}]}}],
@@ -115,7 +125,7 @@ def holder_object(claim_name: str, namespace: str, image: str, labels: Mapping[s
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": holder_name(claim_name), "namespace": namespace,
+        "metadata": {"name": pod_name or holder_name(claim_name), "namespace": namespace,
                      "labels": {**labels, GROUP: claim_name}},
         "spec": spec,
     }
@@ -123,6 +133,26 @@ def holder_object(claim_name: str, namespace: str, image: str, labels: Mapping[s
 
 def holder_name(claim_name: str) -> str:
     return f"{claim_name}-holder"
+
+
+def user_holder_object(component: str, replica: int, group_id: str, namespace: str,
+                       image: str) -> dict[str, Json]:
+    """Replica `replica` of a component attached to the group `group_id` (a claim made on its own):
+    a holder pod of the component's that references the group's claim."""
+    labels = managed_labels(**{COMPONENT: component, REPLICA: str(replica), ATTACHED: "true"})
+    return holder_object(group_id, namespace, image, labels, pod_name=holder_name(f"{component}-{replica}"))
+
+
+def attached_users(pods: Iterable[Obj]) -> dict[str, list[tuple[str, int]]]:
+    """group id -> the (component, replica) of each attached holder pod that uses it, in order."""
+    users: dict[str, list[tuple[str, int]]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(ATTACHED) != "true" or meta.get("deletionTimestamp") or GROUP not in labels:
+            continue
+        users.setdefault(labels[GROUP], []).append((labels.get(COMPONENT, ""), int(labels.get(REPLICA, 0))))
+    return {g: sorted(u) for g, u in users.items()}
 
 
 # -- devices -------------------------------------------------------------------
@@ -135,6 +165,15 @@ def _attr(device: Obj, name: str) -> Json:
         if kind in value:
             return value[kind]
     return None
+
+
+def _version(value: Json) -> tuple[int, int] | None:
+    """A semver attribute (`9.0.0`) as (major, minor)."""
+    parts = str(value or "").split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) if len(parts) >= 2 else None
+    except ValueError:
+        return None
 
 
 def _mib(quantity: Json) -> int | None:
@@ -167,6 +206,7 @@ def slice_devices(slices: Iterable[Obj]) -> dict[tuple[str, str], dict[str, Json
                 "mig_uuid": _attr(d, "uuid") if mig else None,
                 "mig_profile": _attr(d, "profile") if mig else None,
                 "name": _attr(d, "productName"),
+                "compute_capability": _version(_attr(d, "cudaComputeCapability")),
                 "memory_mib": _mib((d.get("capacity") or {}).get("memory")),
                 "shareable": bool(d.get("allowMultipleAllocations")),
                 "taints": list(d.get("taints") or []),
@@ -221,7 +261,8 @@ def allocated_devices(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str,
         if r.get("driver") != DRIVER:
             continue
         known = devices.get((r.get("pool"), r.get("device")), {})
-        whole = not (asked.get("memory_mib") or asked.get("compute_pct"))
+        whole = not (asked.get("memory_mib") or asked.get("compute_pct")) or asked.get("share") == "whole" \
+            or str(r.get("request", "")).endswith("/whole")  # `share = "any"` served by its whole device
         memory, compute = known.get("memory_mib"), 100
         if not whole:  # what the device gave (consumable capacity), else what MPS limits the share to
             consumed = r.get("consumedCapacity") or {}
@@ -230,16 +271,18 @@ def allocated_devices(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str,
         out.append({
             "index": known.get("index"), "uuid": known.get("uuid"), "mig_uuid": known.get("mig_uuid"),
             "memory_mib": memory, "compute_pct": compute,
-            "whole": whole and known.get("mig_uuid") is None,
+            "whole": whole and known.get("mig_uuid") is None, "name": known.get("name"),
             "node": known.get("node") or r.get("pool"), "pool": r.get("pool"), "device": r.get("device"),
         })
     return out
 
 
 def group_document(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str, Json]],
-                   drained: bool, reason: str | None) -> dict[str, Json]:
+                   drained: bool, reason: str | None,
+                   attached: Sequence[tuple[str, int]] = ()) -> dict[str, Json]:
     """The Group document of one ResourceClaim: `pending` until the scheduler allocates it
-    (with its reason), `draining` while a DeviceTaintRule of ours covers it."""
+    (with its reason), `draining` while a DeviceTaintRule of ours covers it. `attached`: the
+    components' replicas whose holder pods use it besides its own holder."""
     meta = claim.get("metadata") or {}
     labels = meta.get("labels") or {}
     found = allocated_devices(claim, devices)
@@ -250,29 +293,41 @@ def group_document(claim: Obj, devices: Mapping[tuple[str, str], Mapping[str, Js
     node = next((d["node"] for d in found), None)
     return {
         "id": meta.get("name"), "state": state, "owner": component,
-        "users": [f"{component}/{replica}"] if component is not None and replica is not None else [],
+        "users": ([f"{component}/{replica}"] if component is not None and replica is not None else [])
+        + [f"{c}/{i}" for c, i in attached],
         "scope": labels.get(SCOPE, "per-replica") if component else None, "replica": replica,
         "claim": stored_claim(claim), "devices": found, "domain": node, "exclusive_domain": None,
         "priority": 0, "created": meta.get("creationTimestamp"),
         "explanation": None if allocated else reason or "waiting for the scheduler",
         "reservation": None,
+        "deployment": labels.get(DEPLOYMENT),
         "node": node, "namespace": meta.get("namespace"),
         "holder": holder_name(str(meta.get("name"))),
     }
 
 
-def component_document(name: str, groups: Sequence[Mapping[str, Json]]) -> dict[str, Json]:
+def component_document(name: str, groups: Sequence[Mapping[str, Json]],
+                       attached: Sequence[int] = ()) -> dict[str, Json]:
     """A Component from its groups. `scheduling` while the scheduler has not
     placed every group yet (its reason in `queue`): on a cluster an
-    allocation that does not fit waits rather than being refused."""
-    groups = sorted(groups, key=lambda g: g.get("replica") or 0)
-    pending = [g for g in groups if g["state"] == "pending"]
-    replicas = [{"index": g.get("replica") or 0, "group": g["id"], "groups": [g["id"]], "role": "primary",
+    allocation that does not fit waits rather than being refused.
+
+    `attached`: the component's replicas attach to `groups[0]`, a group made
+    on its own (`"group": ID`), one holder pod per replica index."""
+    scope: str | None
+    if attached:
+        uses = [(i, groups[0]) for i in sorted(attached)]
+        scope = "all-replicas"
+    else:
+        uses = sorted(((g.get("replica") or 0, g) for g in groups), key=lambda u: u[0])
+        scope = groups[0].get("scope") if groups else None
+    pending = [g for _, g in uses if g["state"] == "pending"]
+    replicas = [{"index": i, "group": g["id"], "groups": [g["id"]], "role": "primary",
                  "state": "pending" if g["state"] == "pending" else "allocated", "devices": g["devices"],
-                 "node": g.get("node")} for g in groups]
+                 "node": g.get("node")} for i, g in uses]
     return {
         "name": name, "state": "scheduling" if pending else "allocated",
-        "replicas_wanted": len(groups), "scope": groups[0].get("scope") if groups else None,
+        "replicas_wanted": len(uses), "scope": scope,
         "replicas": replicas,
         "queue": {"reason": pending[0]["explanation"]} if pending else None,
         "explanation": pending[0]["explanation"] if pending else None,
@@ -343,19 +398,46 @@ def drained_devices(rules: Iterable[Obj]) -> tuple[set[str], set[tuple[str, str]
 
 def fits_somewhere(claim: Mapping[str, Json], devices: Mapping[tuple[str, str], Mapping[str, Json]]) -> bool:
     """Whether any one node has devices enough for the claim at all (a claim is
-    allocated on one node): a claim that can never fit is refused up front, as
-    cgd refuses it, instead of waiting for ever."""
+    allocated on one node), among those its selectors admit: a claim that can
+    never fit is refused up front, as cgd refuses it, instead of waiting for ever."""
+    asked = Claim.from_dict(dict(claim))
     per_node: dict[str, list[Mapping[str, Json]]] = {}
     for d in devices.values():
-        per_node.setdefault(d["node"], []).append(d)
+        if selected(d, asked):
+            per_node.setdefault(d["node"], []).append(d)
     for found in per_node.values():
         gpus = [d for d in found if d["mig_uuid"] is None]
-        if claim.get("gpus"):
-            if len(gpus) >= int(claim["gpus"]):
+        if asked.kind == "whole":
+            if _enough(gpus, asked):
                 return True
-        elif claim.get("mig"):
-            if any(d["mig_profile"] == claim["mig"] for d in found):
+        elif asked.kind == "mig":
+            if any(d["mig_profile"] == asked.mig for d in found):
                 return True
-        elif any((d["memory_mib"] or 0) >= int(claim.get("memory_mib") or 0) for d in gpus):
+        elif any((d["memory_mib"] or 0) >= (asked.memory_mib or 0) for d in gpus):
             return True
     return False
+
+
+def selected(device: Mapping[str, Json], claim: Claim) -> bool:
+    """Whether the claim's selectors admit the device, as its CEL selectors would (render_selectors.py)."""
+    if claim.model is not None and not fnmatchcase(str(device.get("name") or "").lower(), claim.model.lower()):
+        return False
+    if claim.min_memory_mib is not None and device["mig_uuid"] is None \
+            and (device.get("memory_mib") or 0) < claim.min_memory_mib:
+        return False
+    if claim.compute_capability is not None:
+        wanted = tuple(int(p) for p in claim.compute_capability.split("."))
+        if device.get("compute_capability") is None or device["compute_capability"] < wanted:
+            return False
+    return True
+
+
+def _enough(gpus: Sequence[Mapping[str, Json]], claim: Claim) -> bool:
+    """`gpus` whole devices, all of one model where the claim says `same = "model"`."""
+    count = claim.gpus or 1
+    if claim.same is None:
+        return len(gpus) >= count
+    models: dict[Json, int] = {}
+    for d in gpus:
+        models[d.get("name")] = models.get(d.get("name"), 0) + 1
+    return any(n >= count for n in models.values())

@@ -17,20 +17,21 @@ import asyncio
 import importlib
 import os
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
-import httpx2
-from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
+from lightkube import AsyncClient
 from lightkube.core.generic_client import BasicRequest
 from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
-from computegroups.daemon.client.providers import GROUP_FILTERS, ComputeResourceProvider
+from computegroups.daemon.client.providers import ComputeResourceProvider
 from computegroups.daemon.kubernetes import cluster_objects as k
-from computegroups.daemon.kubernetes.cluster_errors import ClusterError, ClusterUnreachable, NotSupportedByCluster
+from computegroups.daemon.kubernetes.cluster_errors import ClusterError, NotSupportedByCluster
+from computegroups.daemon.kubernetes.cluster_filters import checked_filters, matches
+from computegroups.daemon.kubernetes.provider_client import load_config, translated
 from computegroups.daemon.kubernetes.render_claims import SHARINGS
 from computegroups.daemon.model.claims import Claim
 
@@ -39,39 +40,7 @@ PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 FIELD_MANAGER = "computegroups"
 TAINT_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
 """resource.k8s.io versions that may serve DeviceTaintRule, newest first (alpha in 1.33, v1 later)."""
-CODES = {400: "bad_request", 403: "forbidden", 404: "not_found", 409: "conflict", 422: "bad_request"}
-"""The API server's statuses as docs/api.md's error codes."""
-ALLOCATE_KEYS = frozenset({"claim", "replicas", "scope", "wait"})
-
-
-def load_config(kubeconfig: str | os.PathLike[str] | None = None, context: str | None = None) -> Any:
-    """The kubeconfig as kubectl finds it (in-cluster, `$KUBECONFIG`, `~/.kube/config`), at `context`."""
-    try:
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig is not None else KubeConfig.from_env()
-        return config.get(context)
-    except ConfigError as exc:
-        raise ClusterUnreachable(f"no usable kubeconfig: {exc}") from None
-    except OSError as exc:
-        raise ClusterUnreachable(f"cannot read the kubeconfig: {exc.strerror or exc}") from None
-
-
-@asynccontextmanager
-async def translated() -> AsyncIterator[None]:
-    """The API server's refusals as `ClusterError`, a silent server as `ClusterUnreachable`."""
-    try:
-        yield
-    except ApiError as exc:
-        status = exc.status.code or exc.response.status_code
-        raise ClusterError(status, CODES.get(status, "cluster_error"), exc.status.message or str(exc)) from None
-    except httpx2.HTTPStatusError as exc:  # a Status whose Content-Type has a charset: lightkube leaves it raw
-        status = exc.response.status_code
-        try:
-            message = str(exc.response.json().get("message") or exc.response.reason_phrase)
-        except ValueError:
-            message = exc.response.reason_phrase
-        raise ClusterError(status, CODES.get(status, "cluster_error"), message) from None
-    except httpx2.TransportError as exc:
-        raise ClusterUnreachable(f"cannot reach the cluster's API server: {exc or type(exc).__name__}") from None
+ALLOCATE_KEYS = frozenset({"claim", "group", "replicas", "scope", "wait"})
 
 
 class KubernetesComputeResourceProvider(ComputeResourceProvider):
@@ -106,11 +75,21 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
     async def close(self) -> None:
         await self.client.close()
 
+    @property
+    def server(self) -> str | None:
+        """The API server's URL, as the kubeconfig (or the caller's client) gives it."""
+        cluster = getattr(getattr(self.client, "config", None), "cluster", None)
+        return getattr(cluster, "server", None)
+
+    def translated(self) -> AbstractAsyncContextManager[None]:
+        """`translated` for calls to this provider's API server, naming it when it is silent."""
+        return translated(self.server)
+
     # -- reading the cluster ---------------------------------------------------
 
     async def _list(self, res: Any, *, namespaced: bool = True,
                     labels: Mapping[str, str] | None = None) -> list[dict[str, Json]]:
-        async with translated():
+        async with self.translated():
             found = self.client.list(res, namespace=self.namespace if namespaced else None,
                                      labels=dict(labels) if labels else None)
             return [o.to_dict() async for o in found]
@@ -129,7 +108,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if not self._taint_asked:
             self._taint_asked = True
             for version in TAINT_VERSIONS:
-                async with translated():
+                async with self.translated():
                     answer = await self._discover(f"/apis/resource.k8s.io/{version}")
                 if any(r.get("name") == "devicetaintrules" for r in (answer or {}).get("resources") or []):
                     self._taint_version = version
@@ -163,13 +142,18 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             return []
         return await self._list(self._taint_resource(version), namespaced=False, labels=k.selector())
 
-    async def _reasons(self, claims: Sequence[Mapping[str, Json]]) -> dict[str, str | None]:
+    async def _holders(self) -> list[dict[str, Json]]:
+        """Every holder pod of ours: the groups' own, and those of components attached to a group."""
+        return await self._list(Pod, labels=k.selector())
+
+    async def _reasons(self, claims: Sequence[Mapping[str, Json]],
+                       holders: Sequence[Mapping[str, Json]]) -> dict[str, str | None]:
         """Why each unallocated claim waits, from its holder pod and the pod's events."""
         waiting = [c["metadata"]["name"] for c in claims if not (c.get("status") or {}).get("allocation")]
         if not waiting:
             return {}
-        pods = {p["metadata"]["name"]: p for p in await self._list(Pod, labels=k.selector())}
-        async with translated():
+        pods = {p["metadata"]["name"]: p for p in holders}
+        async with self.translated():
             events = [e.to_dict() async for e in self.client.list(
                 Event, namespace=self.namespace, fields={"involvedObject.kind": "Pod"})]
         reasons = {}
@@ -180,12 +164,14 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return reasons
 
     async def _groups(self, claims: Sequence[Mapping[str, Json]]) -> list[dict[str, Json]]:
-        devices, rules, reasons = await asyncio.gather(self._devices(), self._rules(), self._reasons(claims))
+        devices, rules, holders = await asyncio.gather(self._devices(), self._rules(), self._holders())
+        reasons = await self._reasons(claims, holders)
         drained, _ = k.drained_devices(rules)
+        users = k.attached_users(holders)
         groups = []
         for c in claims:
             name = c["metadata"]["name"]
-            group = k.group_document(c, devices, name in drained, reasons.get(name))
+            group = k.group_document(c, devices, name in drained, reasons.get(name), users.get(name, ()))
             group["warnings"] = k.check_claim(group["claim"])
             groups.append(group)
         return sorted(groups, key=lambda g: g["id"])
@@ -211,17 +197,23 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         scheduler's reason (`pending` with `wait`: the manager then waits,
         as it waits for cgd's queue)."""
         extra = sorted(set(resources) - ALLOCATE_KEYS)
+        if "cpu_bind" in extra:
+            raise ValueError("cpu_bind: not supported by the Kubernetes provider (CPU placement near the GPUs is "
+                             "the kubelet's CPU and topology managers' policy on a cluster)")
         if extra:
             raise ValueError(f"{extra[0]}: not supported by the Kubernetes provider, which only allocates "
                              "(run work on a cluster as a deployment: cgctl --kubernetes apply)")
+        if resources.get("group") is not None:
+            if "claim" in resources:
+                raise ValueError(f"claim: not allowed with group: the groups come from {resources['group']!r}")
+            return await self._attach(component_name, str(resources["group"]), int(resources.get("replicas") or 1))
         if "claim" not in resources:
-            raise ValueError("claim: required by the Kubernetes provider (no share_with or shadow_of)")
+            raise ValueError("claim: required by the Kubernetes provider (or group; no share_with or shadow_of)")
         claim = self._checked(resources["claim"])
         scope = resources.get("scope") or "per-replica"
         if scope not in ("per-replica", "all-replicas"):
             raise ValueError(f"scope: must be per-replica or all-replicas, got {scope!r}")
-        if await self._claims(**{k.COMPONENT: component_name}):
-            raise ClusterError(409, "conflict", f"component {component_name} already exists")
+        await self._check_new(component_name)
         await self._check_fits(claim)
         count = int(resources.get("replicas") or 1) if scope == "per-replica" else 1
         names = [f"{component_name}-{i}" for i in range(count)]
@@ -241,6 +233,56 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             component["state"] = "pending"
         return component
 
+    async def _check_new(self, component_name: str) -> None:
+        claims, holders = await asyncio.gather(self._claims(**{k.COMPONENT: component_name}),
+                                               self._attached(component_name))
+        if claims or holders:
+            raise ClusterError(409, "conflict", f"component {component_name} already exists")
+
+    async def _attached(self, component_name: str) -> list[dict[str, Json]]:
+        """The holder pods of a component attached to a group made on its own, one per replica."""
+        found = await self._list(Pod, labels=k.selector(**{k.COMPONENT: component_name, k.ATTACHED: "true"}))
+        return [p for p in found if not p["metadata"].get("deletionTimestamp")]
+
+    async def _attach(self, component_name: str, group_id: str, replicas: int) -> dict[str, Json]:
+        """Every replica attaches to the group: a holder pod of its own that references the group's
+        claim (DRA shares an allocated claim among the pods that use it), so the group's capacity is
+        counted once for all its users, as on cgd."""
+        if replicas < 1:
+            raise ValueError(f"replicas: must be at least 1, got {replicas}")
+        group = await self.get_group(group_id)
+        if group["owner"]:
+            raise ClusterError(409, "conflict", f"group {group_id!r} belongs to component {group['owner']!r}: "
+                               "only a group made on its own (create_compute_group) takes users by id")
+        who = ", ".join(f"{component_name}/{i}" for i in range(replicas))
+        if group["state"] == "draining":
+            raise ClusterError(409, "conflict", f"group {group_id!r} is draining: nothing new attaches to it "
+                               f"({who}); delete its DeviceTaintRules to undrain it")
+        if group["state"] != "allocated":
+            raise ClusterError(409, "conflict", f"group {group_id!r} is {group['state']}: nothing attaches to "
+                               f"it before the scheduler allocates it ({group['explanation']})")
+        await self._check_new(component_name)
+        made: list[str] = []
+        try:
+            for i in range(replicas):
+                pod = k.user_holder_object(component_name, i, group_id, self.namespace, self.holder_image)
+                async with self.translated():
+                    await self.client.create(cast(Pod, Pod.from_dict(pod)))
+                made.append(pod["metadata"]["name"])
+        except BaseException:  # all replicas or none, as on cgd
+            await self._delete_pods(made)
+            raise
+        return k.component_document(component_name, [await self.get_group(group_id)], range(replicas))
+
+    async def _delete_pods(self, names: Sequence[str]) -> None:
+        for name in names:
+            try:
+                async with self.translated():
+                    await self.client.delete(Pod, name, namespace=self.namespace, grace_period=0)
+            except ClusterError as exc:
+                if exc.code != "not_found":
+                    raise
+
     def _checked(self, claim: Mapping[str, Json]) -> Claim:
         """The claim as cgd would read it (same model, same refusals), then what has no cluster form."""
         normal = Claim.from_dict(dict(claim))
@@ -256,11 +298,11 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
                            node: str | None) -> None:
         """The claim first, then its holder; a holder refused takes its claim with it."""
         await self._gone(name)
-        async with translated():
+        async with self.translated():
             await self.client.create(cast(ResourceClaim, ResourceClaim.from_dict(
                 k.claim_object(name, self.namespace, claim, self.sharing, labels))))
         try:
-            async with translated():
+            async with self.translated():
                 await self.client.create(cast(Pod, Pod.from_dict(
                     k.holder_object(name, self.namespace, self.holder_image, labels, node))))
         except BaseException:
@@ -275,7 +317,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         deadline = loop.time() + self.allocation_timeout_s
         while True:
             try:
-                async with translated():
+                async with self.translated():
                     found = (await self.client.get(ResourceClaim, name, namespace=self.namespace)).to_dict()
             except ClusterError as exc:
                 if exc.code == "not_found":
@@ -292,7 +334,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         found = True
         for res, obj in ((Pod, k.holder_name(name)), (ResourceClaim, name)):
             try:
-                async with translated():
+                async with self.translated():
                     await self.client.delete(res, obj, namespace=self.namespace, grace_period=0)
             except ClusterError as exc:
                 if exc.code != "not_found":
@@ -302,7 +344,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if version is not None:
             rule = self._taint_resource(version)
             for r in await self._list(rule, namespaced=False, labels=k.selector(**{k.GROUP: name})):
-                async with translated():
+                async with self.translated():
                     await self.client.delete(rule, r["metadata"]["name"])
         return found
 
@@ -317,10 +359,20 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             await asyncio.sleep(self.poll_s)
 
     async def deallocate_resources(self, component_name: str, resource_ids: Sequence[str]) -> bool:
-        """Each group is a claim of its own, so some of a component's groups may go alone."""
+        """Each group is a claim of its own, so some of a component's groups may go alone.
+        A component attached to a group made on its own gives back its holder pods; the
+        group stays, as on cgd."""
         owned = {c["metadata"]["name"] for c in await self._claims(**{k.COMPONENT: component_name})}
         if not owned:
-            return False
+            holders = await self._attached(component_name)
+            if not holders:
+                return False
+            used = {p["metadata"]["labels"][k.GROUP] for p in holders}
+            missing = set(resource_ids) - used
+            if missing:
+                raise ValueError(f"{', '.join(sorted(missing))}: not groups of {component_name}")
+            await self._delete_pods([p["metadata"]["name"] for p in holders])
+            return True
         missing = set(resource_ids) - owned
         if missing:
             raise ValueError(f"{', '.join(sorted(missing))}: not groups of {component_name}")
@@ -329,20 +381,14 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return True
 
     async def list_groups(self, filters: Mapping[str, Json]) -> list[dict[str, Json]]:
-        unknown = sorted(set(filters) - set(GROUP_FILTERS))
-        if unknown:
-            raise ValueError(f"unknown filter {unknown[0]!r}: use {', '.join(GROUP_FILTERS)}")
-        labels = {k.COMPONENT: str(filters["component"])} if filters.get("component") else {}
-        groups = await self._groups(await self._claims(**labels))
-        if filters.get("state"):
-            groups = [g for g in groups if g["state"] == filters["state"]]
-        if filters.get("gpu") is not None:
-            groups = [g for g in groups if int(filters["gpu"]) in {d["index"] for d in g["devices"]}]
-        return groups
+        """cgd's filters, read from the claims and their devices (cluster_filters.py); `pool` is refused."""
+        wanted = checked_filters(filters)
+        labels = {k.DEPLOYMENT: str(wanted["deployment"])} if "deployment" in wanted else {}
+        return [g for g in await self._groups(await self._claims(**labels)) if matches(g, wanted)]
 
     async def _claim(self, group_id: str) -> dict[str, Json]:
         try:
-            async with translated():
+            async with self.translated():
                 claim: dict[str, Json] = (await self.client.get(
                     ResourceClaim, group_id, namespace=self.namespace)).to_dict()
         except ClusterError as exc:
@@ -375,17 +421,30 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         owner = claim["metadata"].get("labels", {}).get(k.COMPONENT)
         if owner:
             raise ClusterError(409, "conflict", f"{group_id} belongs to component {owner}: deallocate that")
+        await self._check_unused(group_id)
         return await self._delete_held(group_id)
+
+    async def _check_unused(self, group_id: str) -> None:
+        """A group made on its own goes only once no component attached to it uses it (cgd's rule)."""
+        users = k.attached_users(await self._holders()).get(group_id)
+        if users:
+            names = sorted({c for c, _ in users})
+            raise ClusterError(409, "conflict", f"group {group_id!r} is in use by "
+                               f"{', '.join(repr(c) for c in names)} ({', '.join(f'{c}/{i}' for c, i in users)}): "
+                               f"release {'it' if len(names) == 1 else 'them'} first")
 
     async def deallocate_group(self, group_id: str) -> bool:
         """On a cluster each group is a claim of its own with its own holder pod, so one group is
-        freed alone, whoever it belongs to: its claim and holder are deleted."""
+        freed alone, whoever it belongs to: its claim and holder are deleted. A group made on
+        its own is refused while a component attached to it uses it, as `delete_group` is."""
         try:
-            await self._claim(group_id)
+            claim = await self._claim(group_id)
         except ClusterError as exc:
             if exc.code == "not_found":
                 return False
             raise
+        if not claim["metadata"].get("labels", {}).get(k.COMPONENT):
+            await self._check_unused(group_id)
         return await self._delete_held(group_id)
 
     async def drain_group(self, group_id: str) -> dict[str, Json]:
@@ -402,22 +461,31 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         rule = self._taint_resource(version)
         for i, device in enumerate(group["devices"]):
             doc = k.taint_rule_object(f"{group_id}-drain-{i}", group_id, device, f"resource.k8s.io/{version}")
-            async with translated():
+            async with self.translated():
                 await self.client.apply(rule.from_dict(doc), field_manager=FIELD_MANAGER, force=True)
         return await self.get_group(group_id)
 
     async def list_components(self) -> list[dict[str, Json]]:
+        """The owners of claims, and the components attached to a group made on its own."""
         per: dict[str, list[dict[str, Json]]] = {}
+        attached: dict[str, list[int]] = {}
         for g in await self._groups(await self._claims()):
             if g["owner"]:
                 per.setdefault(g["owner"], []).append(g)
-        return [k.component_document(name, groups) for name, groups in sorted(per.items())]
+            for user in g["users"] if not g["owner"] else ():
+                name, replica = user.rsplit("/", 1)
+                per.setdefault(name, [g])
+                attached.setdefault(name, []).append(int(replica))
+        return [k.component_document(name, groups, attached.get(name, ())) for name, groups in sorted(per.items())]
 
     async def wait_component(self, component_name: str, until: str, timeout: float | None) -> dict[str, Json]:
         if until != "placed":
             raise ValueError(f"until={until!r}: the Kubernetes provider runs no jobs; only 'placed' is waited for")
         names = [c["metadata"]["name"] for c in await self._claims(**{k.COMPONENT: component_name})]
         if not names:
+            for component in await self.list_components():
+                if component["name"] == component_name:  # attached to an allocated group: placed already
+                    return component
             raise ClusterError(404, "not_found", f"no component {component_name} in namespace {self.namespace}")
         groups = await self._wait_allocated(names, timeout)
         component = k.component_document(component_name, groups)

@@ -18,8 +18,8 @@ from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 
 from computegroups.daemon.kubernetes import cluster_objects as k
 from computegroups.daemon.kubernetes.cluster_errors import ClusterError
-from computegroups.daemon.kubernetes.provider import FIELD_MANAGER, KubernetesComputeResourceProvider, translated
-from computegroups.daemon.kubernetes.render import render_deployment
+from computegroups.daemon.kubernetes.provider import FIELD_MANAGER, KubernetesComputeResourceProvider
+from computegroups.daemon.kubernetes.render import RenderError, render_deployment
 from computegroups.daemon.model.deployment import parse
 
 Json = Any
@@ -59,11 +59,15 @@ class KubernetesDeployments:
         return self.provider.namespace
 
     async def apply(self, data: Mapping[str, Json], *, image: str | None, source: str | None = None,
-                    sharing: str = "dra") -> dict[str, Json]:
+                    sharing: str = "dra", included: Mapping[str, Json] | None = None) -> dict[str, Json]:
         """Create the file's deployment or bring it to this version; answers its summary,
-        `created`, the documents applied and the render's warnings."""
-        spec = parse(dict(data), source=source)
-        rendered = render_deployment(spec, namespace=self.namespace, image=image, sharing=sharing)
+        `created`, the documents applied and the render's warnings. `included`: the content of
+        the files its `include` names, as `deployfile.load_deployment` reads them."""
+        spec = parse(dict(data), source=source, included=dict(included or {}))
+        try:
+            rendered = render_deployment(spec, namespace=self.namespace, image=image, sharing=sharing)
+        except RenderError as exc:  # named as a bad file is: `FILE: <field>: <problem>`
+            raise RenderError(f"{source}: {exc}" if source else str(exc)) from None
         created = not await self._exists(spec.name)
         applied = []
         for doc in rendered.documents:
@@ -73,7 +77,7 @@ class KubernetesDeployments:
             meta = doc.setdefault("metadata", {})
             meta["namespace"] = self.namespace
             meta["labels"] = {**(meta.get("labels") or {}), **k.managed_labels(**{k.DEPLOYMENT: spec.name})}
-            async with translated():
+            async with self.provider.translated():
                 await self.provider.client.apply(res.from_dict(doc), field_manager=FIELD_MANAGER)
             applied.append(f"{doc['kind']}/{meta['name']}")
         return {**await self.get(spec.name), "created": created, "applied": applied,
@@ -89,7 +93,7 @@ class KubernetesDeployments:
         return True
 
     async def _read(self, name: str) -> dict[str, Json]:
-        async with translated():
+        async with self.provider.translated():
             pcs: dict[str, Json] = (await self.provider.client.get(
                 PodCliqueSet, name, namespace=self.namespace)).to_dict()
         if ((pcs.get("metadata") or {}).get("labels") or {}).get(k.MANAGED_BY) != k.MANAGER:
@@ -105,7 +109,7 @@ class KubernetesDeployments:
             raise
 
     async def list(self) -> list[dict[str, Json]]:
-        async with translated():
+        async with self.provider.translated():
             found = [o.to_dict() async for o in self.provider.client.list(
                 PodCliqueSet, namespace=self.namespace, labels=dict(k.selector()))]
         return sorted((summary(p) for p in found), key=lambda d: str(d["name"]))
@@ -113,6 +117,6 @@ class KubernetesDeployments:
     async def delete(self, name: str) -> dict[str, Json]:
         """Delete the deployment's PodCliqueSet (Grove takes its pods and claims with it)."""
         await self.get(name)
-        async with translated():
+        async with self.provider.translated():
             await self.provider.client.delete(PodCliqueSet, name, namespace=self.namespace)
         return {"deleted": name, "namespace": self.namespace}

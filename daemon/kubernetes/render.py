@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from computegroups.daemon.kubernetes.render_claims import (
     SHARINGS,
     claim_template_spec,
@@ -60,7 +62,7 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
                       sharing: str = "dra") -> Rendered:
     """The PodCliqueSet of `spec` in `namespace`.
 
-    `image` runs every component (the file has no image of its own);
+    `image` runs every component that names no `image` of its own;
     `sharing` is how a share is claimed: `dra` (consumable capacity) or
     `mps` (NVIDIA's MPS configuration), see render_claims.py.
     """
@@ -68,10 +70,13 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
         raise RenderError(f"sharing: must be one of {', '.join(SHARINGS)}, got {sharing!r}")
     if not _DNS_LABEL.fullmatch(namespace):
         raise RenderError(f"namespace: {namespace!r} is not a valid namespace name (a DNS label)")
-    if not image:
-        raise RenderError("image: every component runs in a container on Kubernetes and the file names no "
-                          "image: give one (cgctl render kubernetes --image IMAGE)")
+    for i, c in enumerate(spec.components):
+        if not (c.image or image):
+            raise RenderError(f"components[{i}].image: {c.name!r} names no image and none was given: every "
+                              "component runs in a container on Kubernetes (give it an `image`, or "
+                              "--image IMAGE for every component without one)")
     plan = _SharingPlan(spec)
+    plan.drop({c.name for c in spec.claims if c.claim.kind == "cpu"})
     templates, warnings = _claim_templates(spec, sharing)
     warnings = plan.warnings + warnings
     if any(s != spec.file_sizes() for s in spec.sizes):
@@ -103,7 +108,9 @@ def _claim_templates(spec: DeploymentSpec, sharing: str) -> tuple[list[Entry], l
     per_replica = {e.claim for _, e in _all_entries(spec) if e.scope is Scope.PER_REPLICA}
     templates, warnings = [], []
     for i, claim in enumerate(spec.claims):
-        templates.append({"name": claim.name, "templateSpec": {"spec": claim_template_spec(claim.claim, sharing)}})
+        if claim.claim.kind != "cpu":
+            templates.append({"name": claim.name,
+                              "templateSpec": {"spec": claim_template_spec(claim.claim, sharing)}})
         warnings += claim_warnings(claim, f"claims[{i}]", claim.name in per_replica)
     shares = [f"claims[{i}]" for i, c in enumerate(spec.claims) if c.claim.kind == "share"]
     if shares and sharing == "dra":
@@ -114,10 +121,12 @@ def _claim_templates(spec: DeploymentSpec, sharing: str) -> tuple[list[Entry], l
     return templates, warnings
 
 
-def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str) -> tuple[Entry, list[str]]:
+def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str | None) -> tuple[Entry, list[str]]:
     """Component `i` as a clique, and what its process rules say that a pod does not carry."""
     c = spec.components[i]
     request = c.request(c.name, c.shadow_of)
+    if c.time_limit_s is not None:  # a pod's limit only: cgd does not apply it to a deployment's services
+        request = msgspec.structs.replace(request, time_limit_s=c.time_limit_s)
     warnings = process_warnings(request, f"components[{i}]")
     affinity = _merge_affinity(pod_affinity(spec.claim(name), COMPONENT_LABEL) for name in plan.claims_of(c.name))
     replicas = spec.component(c.shadow_of).replicas if c.shadow_of else c.replicas
@@ -131,7 +140,8 @@ def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str) -> tup
                         f"standby the primary's role when {c.shadow_of!r} fails)")
     if plan.cliques[c.name]:
         clique["resourceSharing"] = plan.cliques[c.name]
-    clique["spec"] = {"roleName": c.name, "replicas": replicas, "podSpec": pod_spec(request, c.name, image, affinity)}
+    pod = pod_spec(request, c.name, c.image or str(image), affinity)
+    clique["spec"] = {"roleName": c.name, "replicas": replicas, "podSpec": pod}
     return clique, warnings
 
 
@@ -159,6 +169,12 @@ class _SharingPlan:
         for i, c in enumerate(spec.components):
             for j, e in enumerate(c.sharing):
                 self._component_entry(f"components[{i}].sharing[{j}]", c.name, e)
+
+    def drop(self, claims: set[str]) -> None:
+        """Share none of `claims` at any level (CPU-only claims: they have no DRA form)."""
+        self.set = [e for e in self.set if e["name"] not in claims]
+        for entries in (*self.groups.values(), *self.cliques.values()):
+            entries[:] = [e for e in entries if e["name"] not in claims]
 
     def with_shadows(self, names: Iterable[str]) -> list[str]:
         return [n for name in names for n in (name, *self.shadows.get(name, ()))]

@@ -25,7 +25,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from computegroups.daemon.model.claims import Claim, Level
+from computegroups.daemon.kubernetes.render_selectors import (
+    PRODUCT_NAME,
+    cel,
+    cel_string,
+    device_selectors,
+    quantity,
+    selector_problems,
+)
+from computegroups.daemon.model.claims import Claim, Level, SameAttribute, ShareMode
 from computegroups.daemon.model.deployment import ClaimSpec
 from computegroups.topology.model import DomainKind
 
@@ -38,36 +46,58 @@ HOSTNAME = "kubernetes.io/hostname"
 SHARINGS = ("dra", "mps")
 
 
-def quantity(mib: int) -> str:
-    """MiB as a Kubernetes quantity, in GiB when it is a whole number of them."""
-    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
-
-
 def request_name(claim: Claim) -> str:
     """The one request of a claim's template: what `config.requests` and pods' claims refer to."""
+    if claim.kind == "share" and claim.share is ShareMode.WHOLE:
+        return "gpus"
     return {"whole": "gpus", "mig": "mig", "share": "share"}[claim.kind]
 
 
 def claim_template_spec(claim: Claim, sharing: str) -> dict[str, Any]:
-    """The `spec` of a ResourceClaimTemplate (and of a ResourceClaim) for `claim`."""
+    """The `spec` of a ResourceClaimTemplate (and of a ResourceClaim) for `claim` (not a CPU-only one).
+
+    A share's `share` mode: `whole` asks one whole GPU with at least the
+    share's memory; `any` is DRA's prioritized list (`firstAvailable`, the
+    share first, then a whole GPU), as cgd tries them in that order."""
     name = request_name(claim)
-    exactly: dict[str, Any] = {"deviceClassName": MIG_CLASS if claim.kind == "mig" else GPU_CLASS}
     config: list[dict[str, Any]] = []
+    request: dict[str, Any] = {"name": name}
     if claim.kind == "whole":
-        exactly["count"] = claim.gpus
+        request["exactly"] = {"deviceClassName": GPU_CLASS, "count": claim.gpus, **_selectors(claim)}
     elif claim.kind == "mig":
-        exactly["selectors"] = [{"cel": {"expression": f"device.attributes['{DRIVER}'].profile == '{claim.mig}'"}}]
-    elif sharing == "mps":
-        config.append({"requests": [name], "opaque": {"driver": DRIVER, "parameters": mps_config(claim)}})
+        profile = cel(f"device.attributes['{DRIVER}'].profile == {cel_string(str(claim.mig))}")
+        request["exactly"] = {"deviceClassName": MIG_CLASS, "selectors": [profile, *device_selectors(claim)]}
+    elif claim.share is ShareMode.WHOLE:
+        request["exactly"] = _whole_of(claim)
     else:
-        exactly["capacity"] = {"requests": share_capacity(claim)}
-    devices: dict[str, Any] = {"requests": [{"name": name, "exactly": exactly}]}
+        share = {"deviceClassName": GPU_CLASS, **_selectors(claim)}
+        if sharing == "dra":
+            share["capacity"] = {"requests": share_capacity(claim)}
+        if claim.share is ShareMode.ANY:
+            request["firstAvailable"] = [{"name": "share", **share}, {"name": "whole", **_whole_of(claim)}]
+        else:
+            request["exactly"] = share
+        if sharing == "mps":
+            target = f"{name}/share" if claim.share is ShareMode.ANY else name
+            config.append({"requests": [target], "opaque": {"driver": DRIVER, "parameters": mps_config(claim)}})
+    devices: dict[str, Any] = {"requests": [request]}
     constraints = device_constraints(claim)
     if constraints:
         devices["constraints"] = constraints
     if config:
         devices["config"] = config
     return {"devices": devices}
+
+
+def _selectors(claim: Claim, min_memory_mib: int | None = None) -> dict[str, Any]:
+    found = device_selectors(claim, min_memory_mib)
+    return {"selectors": found} if found else {}
+
+
+def _whole_of(claim: Claim) -> dict[str, Any]:
+    """A share asked as one whole GPU ("all of the device") with at least the share's memory."""
+    floor = max(claim.memory_mib or 0, claim.min_memory_mib or 0) or None
+    return {"deviceClassName": GPU_CLASS, "count": 1, **_selectors(claim, floor)}
 
 
 def share_capacity(claim: Claim) -> dict[str, str]:
@@ -94,12 +124,13 @@ def mps_config(claim: Claim) -> dict[str, Any]:
 def device_constraints(claim: Claim) -> list[dict[str, Any]]:
     """The claim's rules between its devices, as DRA constraints.
 
-    `distinct` is a `distinctAttribute` on the physical GPU (a MIG device's
-    parent); `colocate = "pcie"` a `matchAttribute` on the PCIe root. A rule
-    that matches devices on an attribute (`same`) maps here as a
-    `matchAttribute` once the model has it.
+    `same = "model"` is a `matchAttribute` on the driver's `productName`;
+    `distinct` a `distinctAttribute` on the physical GPU (a MIG device's
+    parent); `colocate = "pcie"` a `matchAttribute` on the PCIe root.
     """
     constraints: list[dict[str, Any]] = []
+    if claim.same is SameAttribute.MODEL:
+        constraints.append({"matchAttribute": PRODUCT_NAME})
     if claim.distinct and claim.kind != "whole":  # whole GPUs of one claim are distinct devices anyway
         attribute = "parentUUID" if claim.kind == "mig" else "uuid"
         constraints.append({"distinctAttribute": f"{DRIVER}/{attribute}"})
@@ -130,6 +161,15 @@ def claim_warnings(spec: ClaimSpec, path: str, per_replica: bool) -> list[str]:
     """What `spec` (the file's claim at `path`) says that the rendered claim does not carry."""
     claim = spec.claim
     out = []
+    if claim.kind == "cpu":
+        out.append(f"{path}.cpus: a CPU-only claim has no DRA form (CPUs are a container's "
+                   "resources.requests.cpu on Kubernetes); no claim template is rendered for it and "
+                   "nothing shares it")
+    elif claim.cpus is not None:
+        out.append(f"{path}.cpus: CPUs are a container's resources.requests.cpu on Kubernetes, not part of "
+                   "a DRA claim; not rendered")
+    for key, why in selector_problems(claim).items():
+        out.append(f"{path}.{key}: {why}; not rendered")
     if claim.gpu_ids is not None:
         out.append(f"{path}.gpu_ids: pinned GPU indices have no Kubernetes form "
                    "(the scheduler picks the devices); not rendered")

@@ -49,6 +49,9 @@ def process_warnings(request: ComponentRequest, path: str) -> list[str]:
     if request.command is None:
         out.append(f"{path}.command: none given: the container runs its image's own entrypoint "
                    "(on one box the component only holds its groups)")
+    if request.cpu_bind is not None:
+        out.append(f"{path}.cpu_bind: binding to the CPUs near the GPUs is the kubelet's CPU and topology "
+                   "managers' policy on Kubernetes (static CPU manager, single-numa-node); not rendered")
     for key in ("max_retries", "backoff_s"):
         if getattr(request.restart, key) != getattr(_DEFAULT_RESTART, key):
             out.append(f"{path}.restart.{key}: the kubelet restarts containers with its own back-off and "

@@ -27,7 +27,7 @@ from msgspec import UNSET, Meta, UnsetType
 from msgspec.structs import replace
 
 from computegroups.daemon.model.claims import Claim, MemorySize, Name, Percent
-from computegroups.daemon.model.decoding import ModelError, convert, to_plain
+from computegroups.daemon.model.decoding import PATTERN_PROBLEMS, ModelError, convert, to_plain
 from computegroups.daemon.model.enums import CpuBind, RestartMode
 from computegroups.daemon.model.requests import (
     _NO_NUL,
@@ -38,9 +38,13 @@ from computegroups.daemon.model.requests import (
     Scope,
     Seconds,
     Text,
+    TimeLimit,
 )
 
 MAX_SOURCE = 4096
+MAX_IMAGE = 4096
+_IMAGE = r"^\S+$"
+PATTERN_PROBLEMS[_IMAGE] = "expected a container image reference (no spaces), got {value}"
 Count = Annotated[int, Meta(ge=0, le=MAX_REPLICAS)]
 Names = tuple[Name, ...]
 
@@ -188,6 +192,12 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     sharing: _SharingIn = _LEFT_OUT
     shadow_of: Name | None = None
     cpu_bind: CpuBind | None = None
+    image: Annotated[str, Meta(min_length=1, max_length=MAX_IMAGE, pattern=_IMAGE)] | None = None
+    """The container image it runs on Kubernetes (`cgctl render kubernetes`, `cgctl --kubernetes apply`,
+    where `--image` is the default for components without one); cgd runs `command` on the host."""
+    time_limit_s: TimeLimit | None = None
+    """How long each pod may run on Kubernetes (its `activeDeadlineSeconds`). cgd runs a deployment's
+    components as services and does not apply it, as it does not read `image`."""
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
@@ -231,6 +241,10 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             out["sharing"] = [s.to_dict() for s in self.sharing]
         if self.cpu_bind is not None:
             out["cpu_bind"] = str(self.cpu_bind)
+        if self.image is not None:
+            out["image"] = self.image
+        if self.time_limit_s is not None:
+            out["time_limit_s"] = self.time_limit_s
         return out
 
 

@@ -76,6 +76,16 @@ def _matches(labels: Mapping[str, str], selector: str) -> bool:
     return True
 
 
+def _allocated_node(claim: Mapping[str, Any]) -> str | None:
+    """The node an allocated claim's devices are on (its allocation's node selector), None before."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name":
+                return str(field["values"][0])
+    return None
+
+
 def write_kubeconfig(path: Path, server: str, namespace: str = NAMESPACE) -> Path:
     """A kubeconfig (JSON is YAML) whose one context, `emulated`, is `server` and `namespace`."""
     path.write_text(json.dumps({
@@ -125,10 +135,15 @@ class EmulatedCluster:
     """The emulator on 127.0.0.1, its GPU nodes (NVIDIA DRA ResourceSlices) and the test's scheduler."""
 
     def __init__(self, nodes: Mapping[str, int] | None = None, *, memory_mib: int = 81559,
-                 product: str = "NVIDIA H100 80GB HBM3", taint_api: str | None = "v1") -> None:
+                 product: str = "NVIDIA H100 80GB HBM3", products: Mapping[str, str] | None = None,
+                 taint_api: str | None = "v1", shareable: bool = True) -> None:
         self.nodes = dict(nodes or {"dgx-h100": 8})
         self.memory_mib = memory_mib
         self.product = product
+        self.shareable = shareable
+        """False: devices as NVIDIA's driver publishes them today, not shareable (no consumable capacity)."""
+        self.products = dict(products or {})
+        """node -> the GPU model of its devices, where it is not `product`."""
         self.taint_api = taint_api
         self.taints = resource(group="resource.k8s.io", version=taint_api or "v1", plural="devicetaintrules")
         self.scheduling = "allocate"
@@ -201,10 +216,10 @@ class EmulatedCluster:
             "spec": {"driver": DRIVER, "nodeName": node,
                      "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
                      "devices": [{
-                         "name": f"gpu-{i}", "allowMultipleAllocations": True,
+                         "name": f"gpu-{i}", "allowMultipleAllocations": self.shareable,
                          "attributes": {"type": {"string": "gpu"},
                                         "uuid": {"string": f"GPU-{node}-{i:04d}"},
-                                        "productName": {"string": self.product},
+                                        "productName": {"string": self.products.get(node, self.product)},
                                         "brand": {"string": "Nvidia"}, "architecture": {"string": "Hopper"},
                                         "cudaComputeCapability": {"version": "9.0.0"},
                                         "driverVersion": {"version": "580.65.6"}},
@@ -265,11 +280,13 @@ class EmulatedCluster:
                 continue
             for claim in wanted:
                 assert claim is not None
+                user = {"resource": "pods", "name": name, "uid": pod["metadata"].get("uid")}
                 if not claim.get("status", {}).get("allocation"):
                     claim.patch({"metadata": {"finalizers": [PROTECTION]},
                                  "status": {"allocation": placed[claim["metadata"]["name"]],
-                                            "reservedFor": [{"resource": "pods", "name": name,
-                                                             "uid": pod["metadata"].get("uid")}]}})
+                                            "reservedFor": [user]}})
+                else:  # an allocated claim is shared by every pod that references it
+                    claim.patch({"status": {"reservedFor": [*claim["status"].get("reservedFor", []), user]}})
             pod.patch({"spec": {"nodeName": placed["node"]}, "status": {"phase": "Running", "conditions": [
                 {"type": "PodScheduled", "status": "True"}]}})
 
@@ -302,8 +319,9 @@ class EmulatedCluster:
     def _allocate(self, emulator: ClusterEmulator, claims: list[Any], pod: Any) -> dict[str, Any] | None:
         used, tainted = self._used(emulator), self._tainted(emulator)
         pinned = (pod.get("spec", {}).get("nodeSelector") or {}).get("kubernetes.io/hostname")
+        bound = {_allocated_node(c) for c in claims} - {None}
         for node, count in self.nodes.items():
-            if pinned not in (None, node):
+            if pinned not in (None, node) or bound - {node}:  # a pod goes where its allocated claims are
                 continue
             free = [f"gpu-{i}" for i in range(count) if (node, f"gpu-{i}") not in tainted]
             taken: dict[str, list[int | None]] = {d: list(used.get((node, d), [])) for d in free}
@@ -311,22 +329,10 @@ class EmulatedCluster:
             for claim in claims:
                 if claim.get("status", {}).get("allocation"):
                     continue
-                results = []
+                results: list[dict[str, Any]] = []
                 for request in claim["spec"]["devices"]["requests"]:
-                    exactly = request["exactly"]
-                    capacity = (exactly.get("capacity") or {}).get("requests", {})
-                    want = _mib(capacity["memory"]) if "memory" in capacity else None
-                    fits = [d for d in free if not taken[d]] if want is None else [
-                        d for d in free if None not in taken[d] and sum(taken[d]) + want <= self.memory_mib]  # type: ignore[arg-type]
-                    if len(fits) < exactly.get("count", 1):
+                    if not self._take(request, node, free, taken, results):
                         break
-                    for device in fits[:exactly.get("count", 1)]:
-                        taken[device].append(want)
-                        result = {"request": request["name"], "driver": DRIVER, "pool": node, "device": device}
-                        if capacity:  # KEP-5075: what the claim took of a shared device
-                            result["consumedCapacity"] = dict(capacity)
-                            result["shareID"] = str(uuid.uuid4())
-                        results.append(result)
                 else:
                     placed[claim["metadata"]["name"]] = {
                         "devices": {"results": results},
@@ -337,6 +343,32 @@ class EmulatedCluster:
             else:
                 return placed
         return None
+
+    def _take(self, request: Mapping[str, Any], node: str, free: list[str], taken: dict[str, list[int | None]],
+              results: list[dict[str, Any]]) -> bool:
+        """Serve one request on `node`: `exactly`, or the first of its `firstAvailable` subrequests that
+        fits (DRA's prioritized list; the result names `request/subrequest`). A capacity request needs
+        shareable devices (`shareable`), as KEP-5075 does."""
+        options = [(request["name"], request["exactly"])] if "exactly" in request else [
+            (f"{request['name']}/{sub['name']}", sub) for sub in request["firstAvailable"]]
+        for name, exactly in options:
+            capacity = (exactly.get("capacity") or {}).get("requests", {})
+            if capacity and not self.shareable:
+                continue
+            want = _mib(capacity["memory"]) if "memory" in capacity else None
+            fits = [d for d in free if not taken[d]] if want is None else [
+                d for d in free if None not in taken[d] and sum(taken[d]) + want <= self.memory_mib]  # type: ignore[arg-type]
+            if len(fits) < exactly.get("count", 1):
+                continue
+            for device in fits[:exactly.get("count", 1)]:
+                taken[device].append(want)
+                result = {"request": name, "driver": DRIVER, "pool": node, "device": device}
+                if capacity:  # KEP-5075: what the claim took of a shared device
+                    result["consumedCapacity"] = dict(capacity)
+                    result["shareID"] = str(uuid.uuid4())
+                results.append(result)
+            return True
+        return False
 
     def _unschedulable(self, emulator: ClusterEmulator, ns: str | None, name: str, pod: Any) -> None:
         conditions = pod.get("status", {}).get("conditions") or []

@@ -57,3 +57,25 @@ EVERY_KIND = {
                         "sharing": [{"claim": "pinned", "scope": "all-replicas",
                                      "filter": {"components": ["holder"]}}]}],
 }
+
+
+SELECTORS = {
+    "name": "selectors",
+    "claims": [
+        {"name": "fast", "gpus": 4, "model": "*H100*", "min_memory_mib": "80GiB", "compute_capability": "9.0",
+         "same": "model", "cpus": 16},
+        {"name": "either", "memory": "20GiB", "compute": 30, "share": "any", "model": "NVIDIA [AH]100*"},
+        {"name": "all-of-one", "memory": "40GiB", "share": "whole", "min_memory_mib": "48GiB"},
+        {"name": "just-a-share", "memory": "10GiB", "share": "share", "compute_capability": "8.0"},
+        {"name": "slice", "mig": "1g.10gb", "model": "*A100*", "min_memory_mib": "40GiB"},
+        {"name": "cores", "cpus": 8},
+    ],
+    "components": [
+        {"name": "train", "command": ["python", "train.py"], "cpu_bind": "numa",
+         "sharing": [{"claim": c, "scope": "per-replica"}
+                     for c in ("fast", "either", "all-of-one", "just-a-share", "slice")]},
+        {"name": "prep", "command": ["python", "prep.py"], "sharing": [{"claim": "cores", "scope": "all-replicas"}]},
+    ],
+    "sharing": [{"claim": "cores", "scope": "per-replica", "filter": {"components": ["train"]}}],
+}
+"""Issue 17's selectors and sharing modes, CPU-only claims and cpu_bind."""

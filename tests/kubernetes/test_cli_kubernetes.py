@@ -69,6 +69,31 @@ def test_apply_get_and_delete_a_deployment_as_a_podcliqueset(cluster: EmulatedCl
     assert (gone.returncode, gone.stderr) == (1, "cgctl: error: no deployment rs in namespace cg-test\n")
 
 
+def test_apply_reads_the_files_include_names_and_each_components_own_image(
+        cluster: EmulatedCluster, kubeconfig: Path, tmp_path: Path) -> None:
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "gpu.toml").write_text('[[claims]]\nname = "gpu"\ngpus = 1\n')
+    path = tmp_path / "d.toml"
+    path.write_text('name = "inc"\ninclude = ["claims/gpu.toml"]\n'
+                    '[[components]]\nname = "a"\ncommand = ["x"]\nimage = "example/a:1"\ntime_limit_s = 60\n'
+                    'sharing = [{claim = "gpu", scope = "per-replica"}]\n'
+                    '[[components]]\nname = "b"\ncommand = ["x"]\n')
+    refused = cgctl(kubeconfig, "--kubernetes", "apply", "-f", str(path))
+    assert refused.returncode == 1 and refused.stderr.startswith(
+        f"cgctl: error: {path}: components[1].image: 'b' names no image and none was given"), refused.stderr
+    assert cluster.objects(PCS) == []
+    applied = cgctl(kubeconfig, "--kubernetes", "apply", "-f", str(path), "--image", "example/b:1")
+    assert applied.returncode == 0, applied.stderr
+    (pcs,) = cluster.objects(PCS)
+    assert [t["name"] for t in pcs["spec"]["template"]["resourceClaimTemplates"]] == ["gpu"]
+    pods = {c["name"]: c["spec"]["podSpec"] for c in pcs["spec"]["template"]["cliques"]}
+    assert pods["a"]["containers"][0]["image"] == "example/a:1" and pods["a"]["activeDeadlineSeconds"] == 60
+    assert pods["b"]["containers"][0]["image"] == "example/b:1"
+    (tmp_path / "claims" / "gpu.toml").unlink()
+    gone = cgctl(kubeconfig, "--kubernetes", "apply", "-f", str(path), "--image", "example/b:1")
+    assert gone.returncode == 1 and gone.stderr.count("\n") == 1 and "claims/gpu.toml" in gone.stderr
+
+
 def test_list_shows_the_groups_and_why_one_waits(cluster: EmulatedCluster, kubeconfig: Path) -> None:
     async def make() -> None:
         provider = KubernetesComputeResourceProvider(kubeconfig=kubeconfig, allocation_timeout_s=0.3, poll_s=0.02)
@@ -101,7 +126,7 @@ def test_failures_are_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
     silent = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")
     down = cgctl(silent, "--kubernetes", "list")
     assert down.returncode == 1 and down.stderr.count("\n") == 1
-    assert down.stderr.startswith("cgctl: error: cannot reach the cluster's API server")
+    assert down.stderr.startswith("cgctl: error: cannot reach the cluster's API server at http://127.0.0.1:9: ")
 
     other = cgctl(silent, "--kubernetes", "topo")
     assert other.returncode == 2 and "topo: not a --kubernetes command" in other.stderr

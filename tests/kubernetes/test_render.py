@@ -207,9 +207,24 @@ def test_scaled_counts_are_said_not_to_be_rendered() -> None:
     assert warned(r, "replicas")
 
 
+def test_a_components_own_image_and_time_limit_come_from_the_file() -> None:
+    s = parse({"name": "d", "components": [
+        {"name": "a", "command": ["x"], "image": "example/a:1", "time_limit_s": 3600.5},
+        {"name": "b", "command": ["x"]}]})
+    by_name = cliques(render_deployment(s, namespace="ml", image=IMAGE))
+    a, b = by_name["a"]["spec"]["podSpec"], by_name["b"]["spec"]["podSpec"]
+    assert (a["containers"][0]["image"], a["activeDeadlineSeconds"]) == ("example/a:1", 3601)
+    assert b["containers"][0]["image"] == IMAGE and "activeDeadlineSeconds" not in b
+    alone = cliques(render_deployment(parse({"name": "d", "components": [
+        {"name": "a", "command": ["x"], "image": "example/a:1"}]}), namespace="ml", image=None))
+    assert alone["a"]["spec"]["podSpec"]["containers"][0]["image"] == "example/a:1", "no --image needed"
+    with pytest.raises(RenderError, match=r"^components\[1\]\.image: 'b' names no image and none was given"):
+        render_deployment(s, namespace="ml", image=None)
+
+
 @pytest.mark.parametrize(("kwargs", "field"), [
-    ({"image": None}, "image"),
-    ({"image": ""}, "image"),
+    ({"image": None}, "components[0].image"),
+    ({"image": ""}, "components[0].image"),
     ({"sharing": "hami"}, "sharing"),
     ({"namespace": "Bad_NS"}, "namespace"),
 ])

@@ -35,6 +35,25 @@ def test_prints_the_rendered_documents_as_yaml_and_the_warnings_on_stderr() -> N
                                                      .split())
 
 
+def test_the_files_include_names_are_read_as_cgctl_apply_reads_them(tmp_path: Path) -> None:
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "gpu.toml").write_text('[[claims]]\nname = "gpu"\ngpus = 2\n')
+    path = tmp_path / "d.toml"
+    path.write_text('name = "inc"\ninclude = ["claims/gpu.toml"]\n[[components]]\nname = "a"\n'
+                    'command = ["x"]\nsharing = [{claim = "gpu", scope = "per-replica"}]\n')
+    done = cgctl("render", "kubernetes", "-f", str(path), "--image", IMAGE)
+    assert done.exit_code == 0, done.stderr
+    (pcs,) = yaml.safe_load_all(done.stdout)
+    (template,) = pcs["spec"]["template"]["resourceClaimTemplates"]
+    assert template["name"] == "gpu"
+    assert template["templateSpec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+    (tmp_path / "claims" / "gpu.toml").unlink()
+    missing = cgctl("render", "kubernetes", "-f", str(path), "--image", IMAGE)
+    assert missing.exit_code == 1 and missing.stdout == ""
+    [line] = missing.stderr.splitlines()
+    assert line.startswith("cgctl: error: ") and "claims/gpu.toml" in line, line
+
+
 def test_namespace_and_mps_sharing() -> None:
     done = cgctl("render", "kubernetes", "-f", str(GROVE_SHARING), "--image", IMAGE, "-n", "ml",
                  "--sharing", "mps")
@@ -56,7 +75,7 @@ def test_a_script_in_a_command_reads_as_a_literal_block() -> None:
 @pytest.mark.parametrize(("content", "extra", "message"), [
     ("name = [", (), "not valid TOML"),
     ('name = "d"\nreplicas = 1\ncolour = "red"\n[[components]]\nname = "w"\n', (), "colour"),
-    ('name = "d"\n[[components]]\nname = "w"\n', ("--no-image",), "image: "),
+    ('name = "d"\n[[components]]\nname = "w"\n', ("--no-image",), "components[0].image: "),
     ('name = "d"\n[[components]]\nname = "w"\n', ("--namespace", "Not_A_Name"), "namespace: "),
 ])
 def test_a_bad_file_or_option_is_one_line_and_a_failure(tmp_path: Path, content: str, extra: tuple[str, ...],

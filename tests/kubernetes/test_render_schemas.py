@@ -26,7 +26,7 @@ import pytest
 
 from computegroups.daemon.kubernetes.render import render_deployment
 from computegroups.daemon.model.deployment import DeploymentSpec, parse
-from tests.kubernetes.render_samples import EVERY_KIND, IMAGE, example
+from tests.kubernetes.render_samples import EVERY_KIND, IMAGE, SELECTORS, example
 
 KUBERNETES = "1.37"
 SCHEMA = Path(__file__).with_name("schemas") / "podcliqueset.schema.json"
@@ -63,6 +63,7 @@ def strict_kubernetes(doc: Doc) -> None:
 SPECS = {
     "grove-sharing": example,
     "every-kind": lambda: parse(EVERY_KIND),
+    "selectors": lambda: parse(SELECTORS),
     "shadow-in-a-group": lambda: parse({
         "name": "d", "claims": [{"name": "kv", "memory": "1GiB"}, {"name": "own", "gpus": 1}],
         "components": [{"name": "p", "command": ["x"], "sharing": [{"claim": "own", "scope": "all-replicas"}]},

@@ -110,6 +110,12 @@ def test_the_example_parses_and_round_trips_through_the_state_form() -> None:
          "grove.toml: components[0].replicas: must be between 0 and 1024, got -1"),
         (lambda d: component(d, "worker-a").update(colour="red"),
          "grove.toml: components[0].colour: unknown field"),
+        (lambda d: component(d, "worker-a").update(image="example/a 1"),
+         "grove.toml: components[0].image: expected a container image reference (no spaces), got 'example/a 1'"),
+        (lambda d: component(d, "worker-a").update(image=""),
+         "grove.toml: components[0].image: "),
+        (lambda d: component(d, "worker-a").update(time_limit_s=0),
+         "grove.toml: components[0].time_limit_s: "),
         (lambda d: d.update(name="Grove"), "grove.toml: name: 'Grove' is not a valid name"),
         (lambda d: d.update(components=[]), "grove.toml: components: a deployment needs at least one component"),
     ],
@@ -119,6 +125,16 @@ def test_refusals_name_the_file_the_path_and_the_problem(edit: Callable[[dict[st
     with pytest.raises(DeploymentError) as refused:
         parse(changed(edit), "grove.toml")
     assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_a_component_may_name_its_image_and_time_limit() -> None:
+    spec = parse(changed(lambda d: component(d, "worker-a").update(image="example/a:1", time_limit_s=600)))
+    worker = spec.component("worker-a")
+    assert (worker.image, worker.time_limit_s) == ("example/a:1", 600)
+    assert worker.request("rs-0-worker-a", None).time_limit_s is None, "a pod's limit: cgd runs services"
+    assert spec.component("worker-b").image is None and spec.component("worker-b").time_limit_s is None
+    assert parse(spec.file_dict()) == spec
+    assert DeploymentSpec.from_dict(spec.to_dict()) == spec
 
 
 @pytest.mark.parametrize(
