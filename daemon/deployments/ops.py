@@ -272,6 +272,8 @@ class Deployments:
     def _commit(self, diff: _Diff) -> None:
         with self.keeper.transaction() as txn:
             _decide(txn, self.keeper, diff)
+        for name in diff.new_components:  # a time limit counts from the instance's creation
+            self.manager.arm_time_limit(name)
         if diff.new_groups:
             self.manager.queue_soon()  # less is free now: the queued claims' reasons are told again
         if diff.stale_groups or diff.new_groups:

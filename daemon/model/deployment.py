@@ -196,8 +196,8 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     """The container image it runs on Kubernetes (`cgctl render kubernetes`, `cgctl --kubernetes apply`,
     where `--image` is the default for components without one); cgd runs `command` on the host."""
     time_limit_s: TimeLimit | None = None
-    """How long each pod may run on Kubernetes (its `activeDeadlineSeconds`). cgd runs a deployment's
-    components as services and does not apply it, as it does not read `image`."""
+    """How long each instance may run from its creation: cgd stops it then (state `timeout`, not
+    restarted), as for `cgctl allocate --time-limit`; on Kubernetes its pods' `activeDeadlineSeconds`."""
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
@@ -221,7 +221,7 @@ class ComponentTemplate(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
             restart = msgspec.structs.replace(restart, policy=RestartMode.ALWAYS)
         return ComponentRequest(name=path, shadow_of=shadow_of, command=self.command, env=dict(self.env),
                                 cwd=self.cwd, restart=restart, stop_timeout_s=self.stop_timeout_s,
-                                cpu_bind=self.cpu_bind)
+                                time_limit_s=self.time_limit_s, cpu_bind=self.cpu_bind)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
