@@ -131,7 +131,7 @@ def test_a_component_may_name_its_image_and_time_limit() -> None:
     spec = parse(changed(lambda d: component(d, "worker-a").update(image="example/a:1", time_limit_s=600)))
     worker = spec.component("worker-a")
     assert (worker.image, worker.time_limit_s) == ("example/a:1", 600)
-    assert worker.request("rs-0-worker-a", None).time_limit_s is None, "a pod's limit: cgd runs services"
+    assert worker.request("rs-0-worker-a", None).time_limit_s == 600, "cgd holds the limit too"
     assert spec.component("worker-b").image is None and spec.component("worker-b").time_limit_s is None
     assert parse(spec.file_dict()) == spec
     assert DeploymentSpec.from_dict(spec.to_dict()) == spec
