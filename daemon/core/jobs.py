@@ -56,7 +56,7 @@ class Jobs(ManagerBase):
             return
         blocker = self.queue_blocker(doc, claim.priority, time_limit_s)
         if blocker is not None:
-            raise InsufficientCapacity(f"claim: does not fit now: {blocker}")
+            raise InsufficientCapacity(f"does not fit now: {blocker}")
 
     def queue_soon(self) -> None:
         """Place what the queue holds once the current operation lets the lock go.
@@ -209,9 +209,9 @@ class Jobs(ManagerBase):
 
 def behind_reason(head: ComponentRecord, queued: ComponentRecord, head_at: float, now: float) -> str:
     """Why a queued claim is not even tried while the head waits: it could delay the head's start."""
-    who = f"{head.name!r} of {user_name(head.owner_uid)}, first in the queue,"
+    who = f"{head.name!r} of {user_name(head.owner_uid)}, the first in the queue"
     limit = queued.spec.time_limit_s
     if limit is None:
-        return f"waits behind {who} (a claim without a time limit never goes around it)"
-    when = "can start" if math.isinf(head_at) else f"can start in {max(0.0, head_at - now):.0f}s"
-    return f"waits behind {who} which {when}: its time limit ({limit:g}s) would end later"
+        return f"waits behind {who}: a claim without a time limit never goes around it"
+    when = "once it can start" if math.isinf(head_at) else f"in {max(0.0, head_at - now):.0f}s"
+    return f"waits behind {who}, which starts {when}: its time limit ({limit:g}s) would end later"
