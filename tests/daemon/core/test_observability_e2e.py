@@ -268,3 +268,21 @@ def test_every_metric_is_documented_and_the_dashboard_uses_real_ones(start_cgd, 
     used = {re.sub(r"_(bucket|count|sum)$", "", n) for n in re.findall(r"computegroups_\w+", dashboard)}
     assert used - {"computegroups"} <= documented
     assert json.loads(dashboard)["panels"]
+
+
+def test_ended_jobs_are_not_workers_expected_to_run(cgd: Cgd) -> None:
+    """A job that completed or failed keeps its record a while, but no worker of it should run."""
+    for name, code in (("done", 0), ("boom", 4)):
+        status, reply = cgd.request("POST", "/v1/components", {
+            "name": name, "claim": {"gpus": 1}, "command": ["sh", "-c", f"exit {code}"],
+            "restart": {"max_retries": 0}})
+        assert status == 201, reply
+    status, reply = cgd.request("POST", "/v1/components", {"name": "w", "claim": {"gpus": 1}, "command": WORKER})
+    assert status == 201, reply
+    wait_for(lambda: [cgd.request("GET", f"/v1/components/{n}")[1]["state"] for n in ("done", "boom")]
+             == ["completed", "failed"], "both jobs ended")
+    wait_for(lambda: cgd.request("GET", "/v1/health")[1]["workers"]["running"] == 1, "w runs")
+    assert cgd.request("GET", "/v1/health")[1]["workers"] == {"expected": 1, "running": 1}
+    found = samples(scrape_unix(cgd))
+    assert value(found, "computegroups_workers", state="expected") == 1
+    assert value(found, "computegroups_workers", state="running") == 1
