@@ -250,6 +250,12 @@ def test_cgctl_events(cgd: Cgd) -> None:
     assert as_json[0]["exit_code"] == 3 and as_json[0]["then"] == "fail"
     bad = cgd.cgctl("events", "--since", "soon")
     assert bad.returncode == 2 and "soon" in bad.stderr
+    last = as_json[-1]["seq"]
+    status, reply = cgd.request("GET", f"/v1/events?since={last + 1000}&follow=false")
+    assert status == 400 and reply["error"]["message"] == (
+        f"since: {last + 1000} is after the last event of this run ({last})"), reply
+    status, reply = cgd.request("GET", "/v1/events?since=5&follow=false")
+    assert status == 400 and "no event number of cgd" in reply["error"]["message"], reply
 
 
 def test_every_metric_is_documented_and_the_dashboard_uses_real_ones(start_cgd, tmp_path: Path) -> None:
