@@ -67,7 +67,11 @@ def _uses(g: GroupRecord, name: str) -> bool:
 
 def _component(old: ComponentRecord | None, new: ComponentRecord | None, doc: StateDoc) -> list[Change]:
     out: list[Change] = []
-    if old is not None and (new is None or new.created != old.created):
+    placed = old is not None and new is not None and old.state == ComponentState.PENDING and new.state not in (
+        ComponentState.PENDING, ComponentState.RELEASING, *ENDED)
+    # A claim placed from the queue is a new record (`created` is when it was placed, where its time
+    # limit counts from): still the same claim, placed, not one released and another allocated.
+    if old is not None and (new is None or new.created != old.created) and not placed:
         out.append(Change("released", f"{old.name} released", old.owner_uid, {"component": old.name}))
         old = None
     if new is None:
@@ -83,7 +87,7 @@ def _component(old: ComponentRecord | None, new: ComponentRecord | None, doc: St
                               {**what, "gpus": gpus, "replicas": new.replicas, "shadow_of": new.shadow_of,
                                "share_with": new.spec.share_with, "deployment": new.deployment}))
         return out
-    if old.state == ComponentState.PENDING and new.state != ComponentState.PENDING:
+    if placed:
         gpus = _gpus(doc, new.name)
         out.append(Change("placed", f"{new.name} placed on GPU {_list(gpus)}", new.owner_uid, {**what, "gpus": gpus}))
     if new.state in ENDED and old.state not in ENDED:

@@ -292,3 +292,22 @@ def test_ended_jobs_are_not_workers_expected_to_run(cgd: Cgd) -> None:
     found = samples(scrape_unix(cgd))
     assert value(found, "computegroups_workers", state="expected") == 1
     assert value(found, "computegroups_workers", state="running") == 1
+
+
+def test_a_queued_claim_is_placed_or_released_and_nothing_else(cgd: Cgd) -> None:
+    """Placing a queued claim is one `placed` event (not `released` then `allocated`); a queued
+    claim released before its turn is `released`, never `placed` on no GPU."""
+    for body in ({"name": "holder", "claim": {"gpus": 8}},
+                 {"name": "first", "claim": {"gpus": 8}, "wait": True, "detach": True},
+                 {"name": "second", "claim": {"gpus": 8}, "wait": True, "detach": True}):
+        status, reply = cgd.request("POST", "/v1/components", body)
+        assert status == 201, reply
+    done = cgd.cgctl("release", "holder")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: cgd.request("GET", "/v1/components/first")[1]["state"] == "allocated", "first placed")
+    done = cgd.cgctl("release", "--all")
+    assert done.returncode == 0, done.stderr
+    told = [(e["type"], e["component"], e.get("gpus")) for e in CgdClient(cgd.socket).events(follow=False)]
+    assert [t for t in told if t[1] == "first"] == [
+        ("queued", "first", None), ("placed", "first", list(range(8))), ("released", "first", None)], told
+    assert [t for t in told if t[1] == "second"] == [("queued", "second", None), ("released", "second", None)], told
