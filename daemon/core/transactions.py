@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import msgspec
 from msgspec.structs import replace
 
-from computegroups.daemon.core.changes import state_changes, touched
+from computegroups.daemon.core.changes import WorkerPid, state_changes, touched
 from computegroups.daemon.core.consistency import check_consistent
 from computegroups.daemon.core.eventlog import EventLog
 from computegroups.daemon.core.instruments import Instruments
@@ -123,6 +123,9 @@ class StateKeeper:
         self.instruments = instruments if instruments is not None else Instruments()
         self.events.subscribe(self.instruments.count)
         self._gpu_index = {g.uuid: g.index for g in machine.gpus}
+        self.worker_pid: WorkerPid = lambda component, replica, shim: None
+        """The worker's own pid behind launch shim `shim`, for the events (the state records the
+        shim's): supervision knows it, and the manager installs this when it is set up."""
         self.path_owner: Callable[[StateDoc, str], str | None] = lambda doc, name: None
         """The deployment whose plan names `name` (a set, scaling group or component path), if any.
 
@@ -348,7 +351,7 @@ class StateKeeper:
         after = self.doc
         for c in state_changes(before, after, touched(before.components, changed.components),
                                touched(before.workers, changed.workers), touched(before.groups, changed.groups),
-                               self._gpu_index):
+                               self._gpu_index, self.worker_pid):
             self.events.emit(c.type, c.message, uid=c.uid, **c.what)
 
     def restore(self, earlier: StateDoc) -> None:

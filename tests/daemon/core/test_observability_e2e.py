@@ -311,3 +311,35 @@ def test_a_queued_claim_is_placed_or_released_and_nothing_else(cgd: Cgd) -> None
     assert [t for t in told if t[1] == "first"] == [
         ("queued", "first", None), ("placed", "first", list(range(8))), ("released", "first", None)], told
     assert [t for t in told if t[1] == "second"] == [("queued", "second", None), ("released", "second", None)], told
+
+
+def test_worker_events_name_the_worker_pid(cgd: Cgd) -> None:
+    """`allocate` and `list` show the worker's own pid; its events name the same one (and its
+    launch shim's apart)."""
+    status, reply = cgd.request("POST", "/v1/components", {
+        "name": "w", "claim": {"gpus": 1}, "command": ["sleep", "600"], "restart": {"policy": "never"}})
+    assert status == 201, reply
+    (pid,) = reply["replicas"][0]["pids"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: cgd.request("GET", "/v1/components/w")[1]["state"] == "failed", "w failed")
+    told = {e["type"]: e for e in CgdClient(cgd.socket).events(follow=False)}
+    started, exited = told["worker_started"], told["worker_exited"]
+    assert started["pid"] == exited["pid"] == pid and started["message"].endswith(f"(pid {pid})"), told
+    assert started["shim_pid"] == exited["shim_pid"] != pid
+
+
+def test_a_worker_start_is_never_told_after_its_end(cgd: Cgd, tmp_path: Path) -> None:
+    """A restart whose launch shim ends before forking (the job removed its own cwd) has its exit
+    handled while the start still waits for the fork: no start may be recorded after that."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    status, reply = cgd.request("POST", "/v1/components", {
+        "name": "boom", "claim": {"gpus": 1}, "cwd": str(cwd), "command": ["sh", "-c", 'rmdir "$PWD"; exit 4'],
+        "restart": {"max_retries": 1, "backoff_s": 0.01}})
+    assert status == 201, reply
+    wait_for(lambda: cgd.request("GET", "/v1/components/boom")[1]["state"] == "failed", "boom failed")
+    wait_for(lambda: cgd.request("GET", "/v1/health")[1]["workers"] == {"expected": 0, "running": 0}, "no worker")
+    told = [e["type"] for e in CgdClient(cgd.socket).events(follow=False) if e.get("component") == "boom"]
+    assert told[-1] == "failed" and told.count("worker_started") == 1, told
+    replica = cgd.request("GET", "/v1/components/boom")[1]["replicas"][0]
+    assert replica["pids"] == [], replica
