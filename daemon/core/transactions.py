@@ -115,8 +115,9 @@ class StateKeeper:
         self.doc: StateDoc = store.load()
         check_consistent(self.doc, machine)
         self.unhealthy: set[int] = set()
-        self.lost_gpus: set[int] = set()
-        """GPUs that workers of a lost generation of the state still run on (see lost.py)."""
+        self.lost_holders: dict[int, tuple[str, ...]] = {}
+        """Per GPU that workers of a lost generation of the state still run on (see lost.py), who
+        they are (`lost/0 of alice`)."""
         self.foreign: dict[int, int] = {}
         self.events = events if events is not None else EventLog()
         """Where the events of every commit go (see changes.py); the manager adds its own."""
@@ -243,7 +244,24 @@ class StateKeeper:
         once the ledger follows it."""
         by_uuid = {g.uuid: g.index for g in self.machine.gpus}
         drained = {by_uuid[u] for u in doc.drained if u in by_uuid}
-        return drained.union(*self._draining.values()) | self.unhealthy | self.lost_gpus
+        return drained.union(*self._draining.values()) | self.unhealthy | set(self.lost_holders)
+
+    def unavailable_reasons(self, doc: StateDoc) -> dict[int, str]:
+        """Why each unavailable GPU is, in a refusal's words (the allocator only knows that it is)."""
+        by_uuid = {g.uuid: g.index for g in self.machine.gpus}
+        why: dict[int, list[str]] = {}
+        for u in doc.drained:
+            if u in by_uuid:
+                why.setdefault(by_uuid[u], []).append("drained")
+        for gid, gpus in sorted(self._draining.items()):
+            for gpu in gpus:
+                why.setdefault(gpu, []).append(f"group {gid} draining")
+        for gpu in self.unhealthy:
+            why.setdefault(gpu, []).append("unhealthy")
+        for gpu, holders in self.lost_holders.items():
+            why.setdefault(gpu, []).append(
+                f"held by {', '.join(holders)}, kept from a lost generation of the state")
+        return {gpu: " and ".join(parts) for gpu, parts in why.items()}
 
     @contextmanager
     def transaction(self) -> Iterator[StateDoc]:
@@ -375,7 +393,7 @@ class StateKeeper:
         except NeverFits as exc:
             raise Unsatisfiable(str(exc)) from None
         except DoesNotFitNow as exc:
-            raise InsufficientCapacity(capacity_refusal(doc, exc)) from None
+            raise InsufficientCapacity(capacity_refusal(doc, exc, self.unavailable_reasons(doc))) from None
         except ValueError as exc:
             raise Conflict(str(exc)) from None
         finally:
