@@ -202,6 +202,11 @@ class Jobs(ManagerBase):
             comp = component_or_404(self.doc, name)
             reached = comp.state in FINISHED if until == "ended" else comp.state != ComponentState.PENDING
             left = deadline - loop.time()
+            if reached and until == "placed":
+                # The pass that placed it starts its workers under the lock, after the commit that
+                # woke this wait: answer once they run, with their pids, as a direct allocation does.
+                async with self.keeper.lock:
+                    return {"reached": True, "component": self.component(name)}
             if reached or left <= 0:
                 return {"reached": reached, "component": self.component(name)}
             await self.keeper.changed(min(left, 5.0))
