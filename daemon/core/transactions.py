@@ -121,7 +121,7 @@ class StateKeeper:
         self.foreign: dict[int, int] = {}
         self.events = events if events is not None else EventLog()
         """Where the events of every commit go (see changes.py); the manager adds its own."""
-        self.instruments = instruments if instruments is not None else Instruments()
+        self.instruments = instruments if instruments is not None else Instruments(hostname=machine.hostname)
         self.events.subscribe(self.instruments.count)
         self._gpu_index = {g.uuid: g.index for g in machine.gpus}
         self.worker_pid: WorkerPid = lambda component, replica, shim: None

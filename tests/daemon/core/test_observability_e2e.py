@@ -266,14 +266,22 @@ def test_every_metric_is_documented_and_the_dashboard_uses_real_ones(start_cgd, 
     assert status == 201, reply
     wait_for(lambda: {"computegroups_worker_gpu_memory_used_bytes", "computegroups_gpu_health_events_total"}
              <= set(samples(scrape_unix(cgd))), "a worker measured, an Xid counted")
-    exported = {re.sub(r"_(bucket|count|sum)$", "", name) for name in samples(scrape_unix(cgd))}
+    found = samples(scrape_unix(cgd))
+    exported = {re.sub(r"_(bucket|count|sum)$", "", name) for name in found}
+    unlabelled = {name for name, series in found.items() for labels, _ in series
+                  if labels.get("Hostname") != "dgx-h100-sim"}
+    assert not unlabelled, f"one Host filter must pick every series: {sorted(unlabelled)}"
     root = Path(__file__).resolve().parents[3]
     documented = set(re.findall(r"^\| `(computegroups_\w+)`", (root / "docs/metrics.md").read_text(), re.M))
     assert exported == documented
     dashboard = (root / "contrib/grafana-dashboard.json").read_text()
     used = {re.sub(r"_(bucket|count|sum)$", "", n) for n in re.findall(r"computegroups_\w+", dashboard)}
     assert used - {"computegroups"} <= documented
-    assert json.loads(dashboard)["panels"]
+    panels = json.loads(dashboard)["panels"]
+    assert panels
+    for target in (t for p in panels for t in p.get("targets", [])):
+        for selector in re.findall(r"computegroups_\w+(\{[^}]*\})?", target["expr"]):
+            assert 'Hostname=~"$host"' in selector, ("every panel follows the Host variable", target["expr"])
 
 
 def test_ended_jobs_are_not_workers_expected_to_run(cgd: Cgd) -> None:
