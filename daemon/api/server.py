@@ -93,7 +93,7 @@ class CgdApp:
             "generation": doc.generation,
             "gpus": gpu_status(self.manager.keeper.machine, doc, monitor.as_dict(), monitor.measured(),
                                monitor.used_by_replica(), self.manager.worker_pids(),
-                               {v["name"]: v["state"] for v in views}),
+                               {v["name"]: v["state"] for v in views}, self.manager.held_by_lost()),
             "lost_groups": [group_view(doc, g) for g in doc.groups.values() if g.state == "lost"],
             "components": components_at_a_glance(views),
             "state_loss": self.manager.state_loss,

@@ -55,6 +55,7 @@ class EventsHandler(ApiHandler):
         try:
             since = self.query_int("since")
             follow = self._flag("follow", True)
+            self.app.manager.keeper.events.check_since(since)
         except BadRequest as exc:
             self._error(exc)
             self.finish()

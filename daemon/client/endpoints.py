@@ -9,7 +9,9 @@ awaitable of it.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlencode
 
@@ -35,6 +37,16 @@ def events_request(since: int | None = None, follow: bool = True) -> Request:
     return Request("GET", _with_query("/v1/events", since=since, follow=follow))
 
 
+def with_caller_path(body: Mapping[str, Json], environ: Mapping[str, str] = os.environ) -> dict[str, Json]:
+    """`body` with the caller's PATH in its `env`, as cgctl sends it: a worker runs as the caller
+    and finds the programs (a venv's `python`) the caller would. Not when the request sets PATH
+    itself, runs no command, or the caller has no PATH (cgd's default stays)."""
+    env = body.get("env") or {}
+    if not body.get("command") or "PATH" in env or "PATH" not in environ:
+        return dict(body)
+    return {**body, "env": {**env, "PATH": environ["PATH"]}}
+
+
 class Endpoints(ABC, Generic[R]):
     """The routes of docs/api.md; subclasses decide how a `Request` travels."""
 
@@ -58,7 +70,9 @@ class Endpoints(ABC, Generic[R]):
         return self.send(Request("POST", "/v1/state/acknowledge-loss"))
 
     def create_component(self, body: dict[str, Json]) -> R:
-        return self.send(Request("POST", "/v1/components", body))
+        """A component with a command gets the caller's PATH unless its `env` sets one (see
+        `with_caller_path`)."""
+        return self.send(Request("POST", "/v1/components", with_caller_path(body)))
 
     def list_components(self, owner: int | None = None) -> R:
         return self.send(Request("GET", _with_query("/v1/components", owner=owner)))

@@ -71,13 +71,25 @@ class ManagerBase:
         """The lost generation's workers not yet acknowledged, as status and health report them."""
         return [w.as_dict() for w in self.lost_workers if not w.acknowledged]
 
+    def held_by_lost(self) -> dict[int, list[dict[str, Any]]]:
+        """Per GPU, the lost generation's workers that hold it (acknowledged or not): GpuStatus."""
+        out: dict[int, list[dict[str, Any]]] = {}
+        for w in self.lost_workers:
+            for i in w.gpus:
+                out.setdefault(i, []).append({"replica": w.replica, "user": w.user,
+                                              "pids": [pid for pid, _ in w.processes]})
+        return out
+
     def hold_lost_gpus(self) -> None:
         """Forget lost workers that have ended; the GPUs the others run on stay unavailable."""
         self.lost_workers = [w for w in self.lost_workers if w.running()]
-        held = {i for w in self.lost_workers for i in w.gpus}
-        if held != self.keeper.lost_gpus:
-            freed = bool(self.keeper.lost_gpus - held)
-            self.keeper.lost_gpus = held
+        held: dict[int, tuple[str, ...]] = {}
+        for w in self.lost_workers:
+            for i in w.gpus:
+                held[i] = (*held.get(i, ()), f"{w.replica} of {w.user}")
+        if held != self.keeper.lost_holders:
+            freed = bool(set(self.keeper.lost_holders) - set(held))
+            self.keeper.lost_holders = held
             self.keeper.allocator.set_unavailable(self.keeper.unavailable_gpus(self.doc))
             if freed:
                 self.keeper.on_freed()  # the queue's cue: GPUs came back

@@ -9,7 +9,7 @@ never told for a change that was not written.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,10 @@ class Change:
     what: dict[str, Any] = field(default_factory=dict)
 
 
+WorkerPid = Callable[[str, int, int], int | None]
+"""(component, replica, launch shim's pid) -> the worker's own pid, when it is known."""
+
+
 def touched(before: Mapping[str, Any], after: Mapping[str, Any]) -> Iterable[str]:
     """The keys a commit may have changed: those the transaction's map remembers, else all."""
     keys = getattr(after, "touched", None)
@@ -37,13 +41,15 @@ def touched(before: Mapping[str, Any], after: Mapping[str, Any]) -> Iterable[str
 
 def state_changes(before: StateDoc, after: StateDoc, component_keys: Iterable[str],
                   worker_keys: Iterable[str], group_keys: Iterable[str],
-                  gpu_index: Mapping[str, int]) -> list[Change]:
-    """The events of one commit; `gpu_index` names GPUs by index for the drained ones."""
+                  gpu_index: Mapping[str, int],
+                  worker_pid: WorkerPid = lambda component, replica, shim: None) -> list[Change]:
+    """The events of one commit; `gpu_index` names GPUs by index for the drained ones, and
+    `worker_pid` a started worker by its own pid (the state records its launch shim's)."""
     out: list[Change] = []
     for name in component_keys:
         out += _component(before.components.get(name), after.components.get(name), after)
     for ref in worker_keys:
-        out += _worker(before.workers.get(ref), after.workers.get(ref), after)
+        out += _worker(before.workers.get(ref), after.workers.get(ref), after, worker_pid)
     for gid in group_keys:
         out += _group(before.groups.get(gid), after.groups.get(gid))
     for uuid in sorted(set(after.drained) - set(before.drained)):
@@ -67,7 +73,11 @@ def _uses(g: GroupRecord, name: str) -> bool:
 
 def _component(old: ComponentRecord | None, new: ComponentRecord | None, doc: StateDoc) -> list[Change]:
     out: list[Change] = []
-    if old is not None and (new is None or new.created != old.created):
+    placed = old is not None and new is not None and old.state == ComponentState.PENDING and new.state not in (
+        ComponentState.PENDING, ComponentState.RELEASING, *ENDED)
+    # A claim placed from the queue is a new record (`created` is when it was placed, where its time
+    # limit counts from): still the same claim, placed, not one released and another allocated.
+    if old is not None and (new is None or new.created != old.created) and not placed:
         out.append(Change("released", f"{old.name} released", old.owner_uid, {"component": old.name}))
         old = None
     if new is None:
@@ -83,7 +93,7 @@ def _component(old: ComponentRecord | None, new: ComponentRecord | None, doc: St
                               {**what, "gpus": gpus, "replicas": new.replicas, "shadow_of": new.shadow_of,
                                "share_with": new.spec.share_with, "deployment": new.deployment}))
         return out
-    if old.state == ComponentState.PENDING and new.state != ComponentState.PENDING:
+    if placed:
         gpus = _gpus(doc, new.name)
         out.append(Change("placed", f"{new.name} placed on GPU {_list(gpus)}", new.owner_uid, {**what, "gpus": gpus}))
     if new.state in ENDED and old.state not in ENDED:
@@ -92,7 +102,8 @@ def _component(old: ComponentRecord | None, new: ComponentRecord | None, doc: St
     return out
 
 
-def _worker(old: WorkerRecord | None, new: WorkerRecord | None, doc: StateDoc) -> list[Change]:
+def _worker(old: WorkerRecord | None, new: WorkerRecord | None, doc: StateDoc,
+            worker_pid: WorkerPid) -> list[Change]:
     if new is None:
         return []
     comp = doc.components.get(new.component)
@@ -106,8 +117,9 @@ def _worker(old: WorkerRecord | None, new: WorkerRecord | None, doc: StateDoc) -
     if old is not None and new.promotions > old.promotions:
         out.append(Change("promoted", f"{ref} promoted to primary", uid, {**what, "promotions": new.promotions}))
     if new.pid is not None and (old is None or old.pid != new.pid):
-        out.append(Change("worker_started", f"{ref} started as {new.role} (pid {new.pid})", uid,
-                          {**what, "pid": new.pid, "role": str(new.role)}))
+        pid = worker_pid(new.component, new.replica, new.pid) or new.pid
+        out.append(Change("worker_started", f"{ref} started as {new.role} (pid {pid})", uid,
+                          {**what, "pid": pid, "shim_pid": new.pid, "role": str(new.role)}))
     return out
 
 

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from computegroups.daemon.model.errors import BadRequest
+
 EPOCH_SPAN = 1_000_000_000
 """Numbers one run may use: a billion events, then the next run's numbers would be reached."""
 
@@ -112,21 +114,38 @@ class EventLog:
         """The number of the oldest event kept (last_seq + 1 when none is)."""
         return self._ring[0]["seq"] if self._ring else self.last_seq + 1
 
+    def check_since(self, seq: int | None) -> None:
+        """Refuse a `since` no run of cgd can have given: one of this run not told yet, or one
+        below every run's numbers (0 means "from the start", as no `since` does)."""
+        if seq is None or seq == 0:
+            return
+        if seq < EPOCH_SPAN:
+            raise BadRequest(f"since: {seq} is no event number of cgd: they are epoch * {EPOCH_SPAN} + n, "
+                             f"this run's from {self.base + 1}")
+        if seq // EPOCH_SPAN == self.epoch and seq > self.last_seq:
+            raise BadRequest(f"since: {seq} is after the last event of this run ({self.last_seq})")
+
     def after(self, seq: int | None, visible: Callable[[Event], bool]) -> tuple[list[Event], Event | None]:
         """The kept events after `seq` that `visible` lets through, and a `gap` event first when
-        some after `seq` are no longer kept (None for `seq`: everything kept, no gap)."""
+        some after `seq` are no longer kept (None or 0 for `seq`: everything kept, no gap).
+
+        `seq` passed `check_since`; one of a later epoch than this run's means the numbers
+        started again (the epoch file was lost with the state directory): all that is kept follows.
+        """
         gap = None
         first = self.first_kept()
-        if seq is not None and seq < first - 1:
-            reason = ("cgd restarted: the events of its earlier run are gone" if seq < self.base
-                      else "the events after it are no longer kept")
-        elif seq is not None and seq > self.last_seq:
+        seq = given = seq or None
+        if seq is not None and seq // EPOCH_SPAN > self.epoch:
             reason, seq = "cgd's numbers started again (its state directory was replaced)", self.base
+        elif seq is not None and seq < self.base:
+            reason = "cgd restarted since: the events of its earlier run are gone"
+        elif seq is not None and seq < first - 1:
+            reason = f"older events are no longer kept (the last {self._ring.maxlen})"
         else:
             reason = None
         if reason is not None:
             gap = {"seq": None, "time": self.clock(), "type": "gap", "uid": None, "user": None,
-                   "after": seq, "next": first, "message": f"missed events: {reason}"}
+                   "after": given, "next": first, "message": f"missed events: {reason}"}
         if seq is None or seq < first:
             skip = 0
         elif seq >= self.last_seq:

@@ -39,8 +39,9 @@ class WorkerEvents(Jobs):
         ref = replica_ref(component, replica)
         async with self.keeper.lock:
             worker = self.doc.workers.get(ref)
-            if worker is None or (worker.pid == event.pid and worker.create_time == event.create_time):
-                return
+            if worker is None or worker.outcome is not None or (
+                    worker.pid == event.pid and worker.create_time == event.create_time):
+                return  # a replica that ended for good runs nothing, whatever a late report says
             with self.keeper.transaction() as doc:
                 if ref in doc.workers:
                     doc.workers[ref] = replace(doc.workers[ref], pid=event.pid, create_time=event.create_time)
@@ -87,9 +88,10 @@ class WorkerEvents(Jobs):
         code = event.returncode
         signal_name = event.status.removeprefix("signal ") if code is not None and code < 0 else None
         component, replica = parse_watcher_key(event.key)
+        pid = event.worker or event.pid
         self.keeper.events.emit(
-            "worker_exited", f"{ref} (pid {event.pid}) ended: {event.status}; {THEN[then]}", uid=uid,
-            component=component, replica=replica, pid=event.pid,
+            "worker_exited", f"{ref} (pid {pid}) ended: {event.status}; {THEN[then]}", uid=uid,
+            component=component, replica=replica, pid=pid, shim_pid=event.pid,
             exit_code=code if code is not None and code >= 0 else None, signal=signal_name, then=then)
 
     def _failover(self, dead_ref: str) -> str | None:

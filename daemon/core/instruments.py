@@ -30,57 +30,65 @@ PROMOTION = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class Instruments:
-    """The counters and histograms of one cgd, in their own registry."""
+    """The counters and histograms of one cgd, in their own registry.
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    Each carries `Hostname`, as every series of cgd's (and of NVIDIA's DCGM exporter) does: a
+    dashboard picks a host by it whatever the scrape's `instance` label says."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, hostname: str = "") -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
+        self.hostname = hostname
+        host = ["Hostname"]
         self.allocations = Counter(
             "computegroups_allocations", "Claims decided, by result: granted (placed at once, or "
             "later from the queue), queued (waiting for capacity) or refused (does not fit).",
-            ["result"], registry=r)
+            [*host, "result"], registry=r)
         self.decision_seconds = Histogram(
             "computegroups_allocation_decision_seconds", "Time the placement engine took to decide one "
-            "claim (granted or refused).", buckets=FAST, registry=r)
+            "claim (granted or refused).", host, buckets=FAST, registry=r).labels(hostname)
         self.allocation_commit_seconds = Histogram(
             "computegroups_allocation_commit_seconds", "Time from the start of an allocation's transaction "
-            "to its change being durable on disk (decision, journal write and fsync).", buckets=FAST, registry=r)
+            "to its change being durable on disk (decision, journal write and fsync).", host, buckets=FAST,
+            registry=r).labels(hostname)
         self.state_commit_seconds = Histogram(
             "computegroups_state_commit_seconds", "Time one state transaction took to validate its change "
-            "and append it to the journal (the fsync is apart).", buckets=FAST, registry=r)
+            "and append it to the journal (the fsync is apart).", host, buckets=FAST, registry=r).labels(hostname)
         self.state_sync_seconds = Histogram(
             "computegroups_state_sync_seconds", "Time one fsync of the state took (shared by every "
-            "commit made while it ran).", buckets=FAST, registry=r)
+            "commit made while it ran).", host, buckets=FAST, registry=r).labels(hostname)
         self.worker_starts = Counter(
-            "computegroups_worker_starts", "Worker processes started (first starts and restarts).", registry=r)
+            "computegroups_worker_starts", "Worker processes started (first starts and restarts).", host,
+            registry=r).labels(hostname)
         self.worker_exits = Counter(
             "computegroups_worker_exits", "Workers that ended without cgd asking, by cause: exit_zero, "
-            "exit_nonzero, signal, unknown.", ["cause"], registry=r)
+            "exit_nonzero, signal, unknown.", [*host, "cause"], registry=r)
         self.worker_restarts = Counter(
-            "computegroups_worker_restarts", "Restarts cgd decided after a worker ended.", registry=r)
+            "computegroups_worker_restarts", "Restarts cgd decided after a worker ended.", host,
+            registry=r).labels(hostname)
         self.promotions = Counter(
-            "computegroups_shadow_promotions", "Shadows promoted to primary.", registry=r)
+            "computegroups_shadow_promotions", "Shadows promoted to primary.", host, registry=r).labels(hostname)
         self.promotion_seconds = Histogram(
             "computegroups_shadow_promotion_seconds", "Time from a primary's exit being reported to its "
-            "shadow being signalled.", buckets=PROMOTION, registry=r)
+            "shadow being signalled.", host, buckets=PROMOTION, registry=r).labels(hostname)
         self.health_events = Counter(
             "computegroups_gpu_health_events", "Health events seen by the health loop, by GPU and kind: "
             "xid (a critical Xid), ecc (new uncorrected ECC errors), lost, temperature, remapped_rows.",
             ["gpu", "UUID", "modelName", "Hostname", "pci_bus_id", "kind"], registry=r)
         self.events = Counter(
-            "computegroups_events", "Events emitted on the event stream, by type.", ["type"], registry=r)
+            "computegroups_events", "Events emitted on the event stream, by type.", [*host, "type"], registry=r)
         for result in ("granted", "queued", "refused"):
-            self.allocations.labels(result)
+            self.allocations.labels(hostname, result)
         for cause in ("exit_zero", "exit_nonzero", "signal", "unknown"):
-            self.worker_exits.labels(cause)
+            self.worker_exits.labels(hostname, cause)
 
     def count(self, event: Event) -> None:
         """Subscribed to the event bus: the counters an event makes."""
         kind = event["type"]
-        self.events.labels(kind).inc()
+        self.events.labels(self.hostname, kind).inc()
         if kind in ("allocated", "placed"):
-            self.allocations.labels("granted").inc()
+            self.allocations.labels(self.hostname, "granted").inc()
         elif kind in ("queued", "refused"):
-            self.allocations.labels(kind).inc()
+            self.allocations.labels(self.hostname, kind).inc()
         elif kind == "worker_started":
             self.worker_starts.inc()
         elif kind == "restarted":
@@ -88,7 +96,7 @@ class Instruments:
         elif kind == "promoted":
             self.promotions.inc()
         elif kind == "worker_exited":
-            self.worker_exits.labels(exit_cause(event)).inc()
+            self.worker_exits.labels(self.hostname, exit_cause(event)).inc()
 
 
 def exit_cause(event: Event) -> str:

@@ -56,7 +56,7 @@ class Jobs(ManagerBase):
             return
         blocker = self.queue_blocker(doc, claim.priority, time_limit_s)
         if blocker is not None:
-            raise InsufficientCapacity(f"claim: does not fit now: {blocker}")
+            raise InsufficientCapacity(f"does not fit now: {blocker}")
 
     def queue_soon(self) -> None:
         """Place what the queue holds once the current operation lets the lock go.
@@ -202,6 +202,11 @@ class Jobs(ManagerBase):
             comp = component_or_404(self.doc, name)
             reached = comp.state in FINISHED if until == "ended" else comp.state != ComponentState.PENDING
             left = deadline - loop.time()
+            if reached and until == "placed":
+                # The pass that placed it starts its workers under the lock, after the commit that
+                # woke this wait: answer once they run, with their pids, as a direct allocation does.
+                async with self.keeper.lock:
+                    return {"reached": True, "component": self.component(name)}
             if reached or left <= 0:
                 return {"reached": reached, "component": self.component(name)}
             await self.keeper.changed(min(left, 5.0))
@@ -209,9 +214,9 @@ class Jobs(ManagerBase):
 
 def behind_reason(head: ComponentRecord, queued: ComponentRecord, head_at: float, now: float) -> str:
     """Why a queued claim is not even tried while the head waits: it could delay the head's start."""
-    who = f"{head.name!r} of {user_name(head.owner_uid)}, first in the queue,"
+    who = f"{head.name!r} of {user_name(head.owner_uid)}, the first in the queue"
     limit = queued.spec.time_limit_s
     if limit is None:
-        return f"waits behind {who} (a claim without a time limit never goes around it)"
-    when = "can start" if math.isinf(head_at) else f"can start in {max(0.0, head_at - now):.0f}s"
-    return f"waits behind {who} which {when}: its time limit ({limit:g}s) would end later"
+        return f"waits behind {who}: a claim without a time limit never goes around it"
+    when = "once it can start" if math.isinf(head_at) else f"in {max(0.0, head_at - now):.0f}s"
+    return f"waits behind {who}, which starts {when}: its time limit ({limit:g}s) would end later"

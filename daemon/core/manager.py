@@ -17,7 +17,7 @@ from computegroups.daemon.core.groups import Groups
 from computegroups.daemon.core.queries import Queries
 from computegroups.daemon.core.transactions import Caller, StateKeeper
 from computegroups.daemon.core.upkeep import Upkeep
-from computegroups.daemon.core.workers import WorkerPaths
+from computegroups.daemon.core.workers import WorkerPaths, watcher_key
 from computegroups.daemon.supervision.supervisor import Supervisor
 
 __all__ = ["Caller", "Manager"]
@@ -29,3 +29,5 @@ class Manager(WorkerEvents, Components, Groups, Upkeep, Queries):
     def __init__(self, keeper: StateKeeper, supervisor: Supervisor, paths: WorkerPaths) -> None:
         super().__init__(keeper, supervisor, paths)
         keeper.on_freed = self.queue_soon
+        keeper.worker_pid = lambda component, replica, shim: supervisor.worker_pid(
+            watcher_key(component, replica), shim)

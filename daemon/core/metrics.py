@@ -5,7 +5,9 @@ derives the gauges from the state document and the health loop's latest
 sample, so a gauge can never drift from the state it describes, and an
 idle cgd spends nothing on metrics between scrapes. The per-GPU labels are
 those of NVIDIA's DCGM exporter (`gpu`, `UUID`, `modelName`, `Hostname`,
-`pci_bus_id`), so PromQL can join cgd's claims with DCGM's measurements.
+`pci_bus_id`), so PromQL can join cgd's claims with DCGM's measurements;
+every other series carries `Hostname` too, as DCGM's do, so one host
+filter serves every panel.
 Units are bytes, seconds and ratios (0 to 1), as Prometheus names them.
 Every metric is described in docs/metrics.md.
 """
@@ -129,35 +131,39 @@ class StateCollector(Collector):
 
     def _counts(self) -> Iterator[GaugeMetricFamily]:
         doc = self.manager.doc
-        groups = GaugeMetricFamily("computegroups_groups", "Compute groups by state.", labels=["state"])
+        host = self.manager.keeper.machine.hostname
+        groups = GaugeMetricFamily("computegroups_groups", "Compute groups by state.", labels=["Hostname", "state"])
         by_group = Counter(str(g.state) for g in doc.groups.values())
         for state in GroupState:
-            groups.add_metric([str(state)], by_group.get(str(state), 0))
-        components = GaugeMetricFamily("computegroups_components", "Components by state.", labels=["state"])
+            groups.add_metric([host, str(state)], by_group.get(str(state), 0))
+        components = GaugeMetricFamily("computegroups_components", "Components by state.",
+                                       labels=["Hostname", "state"])
         by_comp = Counter(str(c.state) for c in doc.components.values())
         for name in (str(s) for s in ComponentState):
-            components.add_metric([name], by_comp.get(name, 0))
+            components.add_metric([host, name], by_comp.get(name, 0))
         expected, running = self.manager.worker_counts()
-        workers = GaugeMetricFamily("computegroups_workers", "Workers the state asks for, and those running.",
-                                    labels=["state"])
-        workers.add_metric(["expected"], expected)
-        workers.add_metric(["running"], running)
+        workers = GaugeMetricFamily("computegroups_workers", "Workers that should be running, and those of "
+                                    "them running.", labels=["Hostname", "state"])
+        workers.add_metric([host, "expected"], expected)
+        workers.add_metric([host, "running"], running)
         generation = GaugeMetricFamily("computegroups_state_generation", "Generation of the state document "
-                                       "(one more per commit).")
-        generation.add_metric([], doc.generation)
-        events = GaugeMetricFamily("computegroups_events_last_seq", "Sequence number of the last event emitted.")
-        events.add_metric([], self.manager.keeper.events.last_seq)
+                                       "(one more per commit).", labels=["Hostname"])
+        generation.add_metric([host], doc.generation)
+        events = GaugeMetricFamily("computegroups_events_last_seq", "Sequence number of the last event emitted.",
+                                   labels=["Hostname"])
+        events.add_metric([host], self.manager.keeper.events.last_seq)
         yield from (groups, components, workers, generation, events)
 
     def _state_files(self) -> Iterator[GaugeMetricFamily]:
         sizes = GaugeMetricFamily("computegroups_state_file_bytes", "Size of the state files on disk: the "
-                                  "journal (replayed at start) and the last snapshot.", labels=["file"])
+                                  "journal (replayed at start) and the last snapshot.", labels=["Hostname", "file"])
+        host = self.manager.keeper.machine.hostname
         directory = self.manager.keeper.store.directory
         for label, name in (("journal", "state.journal"), ("snapshot", "state.json")):
             try:
-                sizes.add_metric([label], (directory / name).stat().st_size)
+                sizes.add_metric([host, label], (directory / name).stat().st_size)
             except OSError:
-                sizes.add_metric([label], 0)
+                sizes.add_metric([host, label], 0)
         yield sizes
 
 

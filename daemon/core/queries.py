@@ -10,6 +10,7 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from computegroups.daemon.core.base import ManagerBase
+from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
     Caller,
     check_owner,
@@ -27,7 +28,7 @@ from computegroups.daemon.core.workers import (
     replica_ref,
     watcher_key,
 )
-from computegroups.daemon.model.enums import Role
+from computegroups.daemon.model.enums import ComponentState, Role
 from computegroups.daemon.model.errors import BadRequest, Forbidden, NotFound
 from computegroups.daemon.model.refs import uses
 from computegroups.daemon.model.requests import reserved_env
@@ -119,11 +120,21 @@ class Queries(ManagerBase):
         return read_worker_log(self.paths.log_dir, comp.name, replica, stream, comp.owner_uid, tail, offset)
 
     def worker_counts(self) -> tuple[int, int]:
-        """(workers the state asks for, workers whose process runs now)."""
+        """(workers that should be running, those of them whose process runs now).
+
+        A replica that ended for good (a job completed or out of retries) is
+        kept in the state for a while but is not expected to run, nor is one
+        of a component being released: counting them would make every ended
+        job look like a worker cgd failed to keep alive.
+        """
         doc = self.doc
-        keys = (watcher_key(w.component, w.replica) for w in doc.workers.values())
-        running = sum(1 for key in keys if self.supervisor.is_running(key))
-        return len(doc.workers), running
+        expected = [watcher_key(w.component, w.replica) for w in doc.workers.values()
+                    if w.outcome is None and doc.components[w.component].state not in NOT_RUNNING]
+        return len(expected), sum(1 for key in expected if self.supervisor.is_running(key))
+
+
+NOT_RUNNING = FINISHED | {ComponentState.RELEASING, ComponentState.PENDING}
+"""Components whose workers are not expected to run (a pending one has none yet)."""
 
 
 def _gpu_name(machine: Machine, index: int) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import msgspec
 from msgspec.structs import replace
 
-from computegroups.daemon.core.changes import state_changes, touched
+from computegroups.daemon.core.changes import WorkerPid, state_changes, touched
 from computegroups.daemon.core.consistency import check_consistent
 from computegroups.daemon.core.eventlog import EventLog
 from computegroups.daemon.core.instruments import Instruments
@@ -115,14 +115,18 @@ class StateKeeper:
         self.doc: StateDoc = store.load()
         check_consistent(self.doc, machine)
         self.unhealthy: set[int] = set()
-        self.lost_gpus: set[int] = set()
-        """GPUs that workers of a lost generation of the state still run on (see lost.py)."""
+        self.lost_holders: dict[int, tuple[str, ...]] = {}
+        """Per GPU that workers of a lost generation of the state still run on (see lost.py), who
+        they are (`lost/0 of alice`)."""
         self.foreign: dict[int, int] = {}
         self.events = events if events is not None else EventLog()
         """Where the events of every commit go (see changes.py); the manager adds its own."""
-        self.instruments = instruments if instruments is not None else Instruments()
+        self.instruments = instruments if instruments is not None else Instruments(hostname=machine.hostname)
         self.events.subscribe(self.instruments.count)
         self._gpu_index = {g.uuid: g.index for g in machine.gpus}
+        self.worker_pid: WorkerPid = lambda component, replica, shim: None
+        """The worker's own pid behind launch shim `shim`, for the events (the state records the
+        shim's): supervision knows it, and the manager installs this when it is set up."""
         self.path_owner: Callable[[StateDoc, str], str | None] = lambda doc, name: None
         """The deployment whose plan names `name` (a set, scaling group or component path), if any.
 
@@ -240,7 +244,24 @@ class StateKeeper:
         once the ledger follows it."""
         by_uuid = {g.uuid: g.index for g in self.machine.gpus}
         drained = {by_uuid[u] for u in doc.drained if u in by_uuid}
-        return drained.union(*self._draining.values()) | self.unhealthy | self.lost_gpus
+        return drained.union(*self._draining.values()) | self.unhealthy | set(self.lost_holders)
+
+    def unavailable_reasons(self, doc: StateDoc) -> dict[int, str]:
+        """Why each unavailable GPU is, in a refusal's words (the allocator only knows that it is)."""
+        by_uuid = {g.uuid: g.index for g in self.machine.gpus}
+        why: dict[int, list[str]] = {}
+        for u in doc.drained:
+            if u in by_uuid:
+                why.setdefault(by_uuid[u], []).append("drained")
+        for gid, gpus in sorted(self._draining.items()):
+            for gpu in gpus:
+                why.setdefault(gpu, []).append(f"group {gid} draining")
+        for gpu in self.unhealthy:
+            why.setdefault(gpu, []).append("unhealthy")
+        for gpu, holders in self.lost_holders.items():
+            why.setdefault(gpu, []).append(
+                f"held by {', '.join(holders)}, kept from a lost generation of the state")
+        return {gpu: " and ".join(parts) for gpu, parts in why.items()}
 
     @contextmanager
     def transaction(self) -> Iterator[StateDoc]:
@@ -348,7 +369,7 @@ class StateKeeper:
         after = self.doc
         for c in state_changes(before, after, touched(before.components, changed.components),
                                touched(before.workers, changed.workers), touched(before.groups, changed.groups),
-                               self._gpu_index):
+                               self._gpu_index, self.worker_pid):
             self.events.emit(c.type, c.message, uid=c.uid, **c.what)
 
     def restore(self, earlier: StateDoc) -> None:
@@ -372,7 +393,7 @@ class StateKeeper:
         except NeverFits as exc:
             raise Unsatisfiable(str(exc)) from None
         except DoesNotFitNow as exc:
-            raise InsufficientCapacity(capacity_refusal(doc, exc)) from None
+            raise InsufficientCapacity(capacity_refusal(doc, exc, self.unavailable_reasons(doc))) from None
         except ValueError as exc:
             raise Conflict(str(exc)) from None
         finally:

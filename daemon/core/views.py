@@ -13,6 +13,7 @@ from computegroups.daemon.core.queue import queue_order
 from computegroups.daemon.core.workers import Binding, replica_groups, replica_ref, visible_devices
 from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.placement.allocator import DoesNotFitNow
+from computegroups.daemon.placement.explain import UNAVAILABLE
 from computegroups.daemon.supervision.workerenv import cuda_visible_devices
 from computegroups.statefiles.schema import ComponentRecord, GroupRecord, ReservationRecord, StateDoc
 from computegroups.topology.model import Machine
@@ -29,14 +30,19 @@ def user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def capacity_refusal(doc: StateDoc, refusal: DoesNotFitNow) -> str:
+def capacity_refusal(doc: StateDoc, refusal: DoesNotFitNow, unavailable: Mapping[int, str] | None = None) -> str:
     """The allocator's refusal with people in it: "in use by alice (component train): GPUs 0-5".
 
     The allocator names the groups in the way (it knows nothing of users);
-    here each becomes its owner and what it belongs to, from the state.
+    here each becomes its owner and what it belongs to, from the state. A GPU
+    it only knows as unavailable gets its cause from `unavailable` (drained,
+    unhealthy, held by a lost generation's worker).
     """
     named = {}
     for gpu, why in refusal.reasons.items():
+        if why == UNAVAILABLE and unavailable and gpu in unavailable:
+            named[gpu] = unavailable[gpu]
+            continue
         held = refusal.holders.get(gpu)
         if not held:
             named[gpu] = why
@@ -247,9 +253,11 @@ def gpu_status(
     used_by_replica: Mapping[int, Mapping[str, int]] | None = None,
     pids: Mapping[str, list[int]] | None = None,
     states: Mapping[str, str] | None = None,
+    held_by_lost: Mapping[int, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Each GPU: what is allocated on it (from the state) beside what NVML measured (the
-    health loop's last sample: `measured`, and per replica `used_by_replica`)."""
+    health loop's last sample: `measured`, and per replica `used_by_replica`), and the workers
+    of a lost generation of the state that hold it though the state has no group there."""
     drained = set(doc.drained)
     measured = measured or {}
     used_by_replica = used_by_replica or {}
@@ -283,6 +291,7 @@ def gpu_status(
             "degraded": any(g.state == "degraded" for g in groups),
             "foreign_processes": facts.get("foreign", []),
             "over_share": facts.get("over_share", []),
+            "held_by_lost": list((held_by_lost or {}).get(gpu.index, [])),
             "mig_devices": [
                 {"uuid": m.uuid, "profile": m.profile, "memory_mib": m.memory_mib,
                  "group": next((g.id for g in groups for d in g.devices if d.mig_uuid == m.uuid), None)}

@@ -54,6 +54,9 @@ IN_USE_WHOLE = "in use as a whole GPU"
 NO_ROOM = "not enough free memory or compute"
 HELD_EXCLUSIVELY = "inside a domain another group holds exclusively"
 MIG_TAKEN = "its matching MIG instances are taken"
+UNAVAILABLE = "draining or unhealthy"
+"""The ledger's unavailable GPUs, whatever the cause: the core, which knows it, words it (see
+`StateKeeper.unavailable_reasons`)."""
 HELD = frozenset({IN_USE, IN_USE_WHOLE, NO_ROOM, HELD_EXCLUSIVELY, MIG_TAKEN})
 """The reasons a GPU cannot be used that are other groups' doing: a refusal names their holders."""
 

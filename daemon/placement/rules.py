@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from computegroups.daemon.model.claims import AffinityTerm, AllocatorConfig, Claim, Strategy
-from computegroups.daemon.placement.explain import HELD, HELD_EXCLUSIVELY, domain_name
+from computegroups.daemon.placement.explain import HELD, HELD_EXCLUSIVELY, UNAVAILABLE, domain_name
 from computegroups.daemon.placement.ledger import Ledger
 from computegroups.daemon.placement.records import Holding
 from computegroups.daemon.placement.selectors import selected
@@ -101,7 +101,7 @@ class Rules:
         if gpu in self.avoid:
             return "taken by an earlier group of this request"
         if gpu in self.ledger.unavailable:
-            return "draining or unhealthy"
+            return UNAVAILABLE
         if self.exclusive_owners(gpu):
             return HELD_EXCLUSIVELY
         for term, near in self.near:

@@ -168,12 +168,14 @@ def describe_exit(returncode: int | None, *, adopted: bool = False) -> str:
 class WorkerExit:
     """`returncode` is negative when a signal killed it, None when unknown
     (its launch shim was killed) or when pid is 0: a restart that could not
-    even fork. `pid` is the launch shim's, the process cgd watches."""
+    even fork. `pid` is the launch shim's, the process cgd watches; `worker`
+    the worker's own (what its user saw), None when the shim never forked it."""
 
     key: str
     pid: int
     returncode: int | None
     will_restart: bool
+    worker: int | None = None
 
     @property
     def status(self) -> str:
@@ -183,9 +185,13 @@ class WorkerExit:
 
 @dataclass(frozen=True)
 class WorkerStart:
+    """`pid` and `create_time` are the launch shim's (the process cgd watches and adopts);
+    `worker` is the worker's own pid, None when the shim ended before forking it."""
+
     key: str
     pid: int
     create_time: float
+    worker: int | None = None
 
 
 class SpawnError(RuntimeError):
@@ -421,6 +427,11 @@ class Supervisor:
         return [status.worker] if status is not None and status.shim == worker.run.handle.pid \
             and status.code is None else []
 
+    def worker_pid(self, key: str, shim: int) -> int | None:
+        """The pid of the worker that launch shim `shim` of `key` forked, while its status file is
+        kept (until the worker is forgotten or runs again); None once it is not, or never forked."""
+        return self._worker_finder(key, shim)()
+
     def keys(self) -> list[str]:
         """Every supervised worker: running, adopted, or waiting to restart."""
         return list(self._workers)
@@ -497,8 +508,11 @@ class Supervisor:
             raise SpawnError(f"worker {spec.key}: circus could not start the process")
         worker.run = run = self._watch(worker, handle, process)
         await self._forked(worker, run)
-        started = WorkerStart(spec.key, handle.pid, handle.create_time)
-        _call(self._on_start, started)
+        started = WorkerStart(spec.key, handle.pid, handle.create_time, self._worker_finder(spec.key, handle.pid)())
+        if worker.run is run:
+            # A run that ended while the shim was awaited has had its exit told already: a start
+            # told after it would have the manager record a process that is gone as running.
+            _call(self._on_start, started)
         return started
 
     async def _forked(self, worker: _Worker, run: _Run) -> None:
@@ -530,8 +544,9 @@ class Supervisor:
         else:
             returncode = run.handle.reap()
         status = read_status(self._status_file(worker.spec.key)) if run.shim else None
-        if status is not None and status.shim == pid and status.code is not None:
-            returncode = status.code  # the worker's own, also when cgd is not the shim's parent
+        own = status if status is not None and status.shim == pid else None
+        if own is not None and own.code is not None:
+            returncode = own.code  # the worker's own, also when cgd is not the shim's parent
         if worker.run is run:
             worker.run = None
         if worker.wanted and not self._closing:
@@ -546,7 +561,8 @@ class Supervisor:
         _resolve(run.exited, returncode)
         log.info("worker %s (pid %d) ended with %s%s", worker.spec.key, pid,
                  describe_exit(returncode, adopted=run.process is None), ", restarting" if will_restart else "")
-        _call(self._on_exit, WorkerExit(worker.spec.key, pid, returncode, will_restart))
+        _call(self._on_exit, WorkerExit(worker.spec.key, pid, returncode, will_restart,
+                                        own.worker if own is not None else (None if run.shim else pid)))
 
     async def _end_run(self, worker: _Worker, run: _Run) -> None:
         """Stop what the run left running; its cgroup goes too unless the worker runs again."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,26 @@ def test_manager_events_follow_on_across_a_restart_of_cgd(cgd: Cgd) -> None:
         assert seen[1]["after"] == seen[0]["seq"] and seen[2]["seq"] > seen[0]["seq"]
 
     asyncio.run(scenario())
+
+
+def test_workers_get_the_callers_path_unless_the_request_sets_one(
+        cgd: Cgd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As with cgctl, a program found on the caller's PATH (a venv's python) is found by the worker."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "only-on-my-path"
+    tool.write_text("#!/bin/sh\necho found\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+    async def scenario() -> None:
+        m = manager(cgd)
+        job = await m.submit_job("job", {"gpus": 1}, ["only-on-my-path"])
+        assert job["name"] == "job"
+        ended = await m.wait_job("job", timeout=30)
+        assert ended["state"] == "completed", ended
+        with pytest.raises(CgdError, match="only-on-my-path"):
+            await m.submit_job("own", {"gpus": 1}, ["only-on-my-path"], {"env": {"PATH": "/usr/bin:/bin"}})
+
+    asyncio.run(scenario())
+    assert (cgd.log_dir / "job" / "0.out").read_text() == "found\n"

@@ -81,13 +81,20 @@ def test_the_gpus_a_lost_generations_worker_runs_on_are_not_handed_out_until_it_
     cgd.kill9()
     cgd.write_state(older)
     cgd.start()
-    (loss,) = cgd.request("GET", "/v1/status")[1]["state_loss"]
+    shown = cgd.request("GET", "/v1/status")[1]
+    (loss,) = shown["state_loss"]
     assert len(loss["gpus"]) == 2, loss
+    held = {g["index"]: g["held_by_lost"] for g in shown["gpus"] if g["held_by_lost"]}
+    assert held == {i: [{"replica": "lost/0", "user": loss["user"], "pids": loss["pids"]}] for i in loss["gpus"]}
     everything = {"name": "all", "claim": {"gpus": 8}, "command": SLEEP}
     status, reply = cgd.request("POST", "/v1/components", everything)
     assert status == 409, ("one GPU, two owners", reply)
+    gpus = ",".join(map(str, loss["gpus"]))
+    assert (f"held by lost/0 of {loss['user']}, kept from a lost generation of the state: GPUs {gpus}"
+            in reply["error"]["message"]), reply
     assert cgd.cgctl("ack-state-loss").returncode == 0
     assert cgd.request("POST", "/v1/components", everything)[0] == 409, "acknowledging frees no GPU"
     os.kill(lost, 9)
     wait_for(lambda: cgd.request("POST", "/v1/components", everything)[0] == 201, "the GPUs back once it ended",
              timeout=30)
+    assert not any(g["held_by_lost"] for g in cgd.request("GET", "/v1/status")[1]["gpus"])

@@ -43,6 +43,13 @@ def test_queue_placement_and_ends() -> None:
     placed = copy.deepcopy(before)
     placed.components["web"] = replace(before.components["web"], state=ComponentState.RUNNING)
     assert changes(before, placed) == [("placed", "web", 1000)]
+    placed.components["web"] = replace(placed.components["web"], created=5.0)
+    assert changes(before, placed) == [("placed", "web", 1000)], "placing makes a new record: still placed"
+    dropped = copy.deepcopy(before)
+    dropped.components["web"] = replace(before.components["web"], state=ComponentState.RELEASING)
+    assert changes(before, dropped) == [], "a queued claim on its way out was never placed"
+    del dropped.components["web"]
+    assert changes(before, dropped) == [("released", "web", 1000)]
     ended = copy.deepcopy(placed)
     ended.components["web"] = replace(placed.components["web"], state=ComponentState.TIMEOUT)
     told = state_changes(placed, ended, ["web"], [], [], INDEX)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from computegroups.daemon.core.eventlog import EPOCH_SPAN, EventLog, next_epoch, visible_to
+from computegroups.daemon.model.errors import BadRequest
 
 EVERYONE = visible_to(0, is_root=True)
 
@@ -42,10 +45,28 @@ def test_since_gives_what_followed_and_a_gap_when_some_are_gone() -> None:
 def test_a_number_of_an_earlier_run_or_of_no_run_is_a_gap() -> None:
     log = EventLog(epoch=2)
     _, gap = log.after(EPOCH_SPAN + 40, EVERYONE)
-    assert gap is not None and "restarted" in gap["message"]
+    assert gap is not None
+    assert gap["message"] == "missed events: cgd restarted since: the events of its earlier run are gone"
     log.emit("allocated", "a", uid=None)
     found, gap = log.after(5 * EPOCH_SPAN, EVERYONE)
     assert gap is not None and "started again" in gap["message"] and [e["message"] for e in found] == ["a"]
+    assert gap["after"] == 5 * EPOCH_SPAN, "the since given"
+
+
+def test_the_gap_says_why_and_a_number_no_run_gave_is_refused() -> None:
+    log = EventLog(epoch=3, keep=2)
+    seqs = [log.emit("allocated", str(i), uid=None)["seq"] for i in range(4)]
+    _, gap = log.after(seqs[0], EVERYONE)
+    assert gap is not None and gap["message"] == "missed events: older events are no longer kept (the last 2)"
+    for seq in (seqs[-1], 3 * EPOCH_SPAN, 0, None):
+        log.check_since(seq)
+    found, gap = log.after(0, EVERYONE)
+    assert [e["seq"] for e in found] == seqs[2:] and gap is None, "0: from the start"
+    with pytest.raises(BadRequest, match=rf"since: {seqs[-1] + 1} is after the last event of this run \({seqs[-1]}\)"):
+        log.check_since(seqs[-1] + 1)
+    with pytest.raises(BadRequest, match="since: 5 is no event number of cgd"):
+        log.check_since(5)
+    log.check_since(4 * EPOCH_SPAN + 7)  # a later run's: the numbers started again, told by a gap
 
 
 def test_users_see_their_own_and_the_machines_events() -> None:

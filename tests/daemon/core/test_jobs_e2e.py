@@ -7,6 +7,7 @@ workers' own output and in what the next claim is given.
 from __future__ import annotations
 
 import functools
+import getpass
 import os
 import signal
 import subprocess
@@ -217,7 +218,8 @@ def test_no_path_that_takes_capacity_jumps_the_queue(cgd: Cgd, tmp_path: Path) -
         ("POST", "/v1/components/small/scale", {"replicas": 2}),
     ):
         status, reply = cgd.request(method, path, body)
-        assert status == 409 and "'head'" in reply["error"]["message"], (path, status, reply)
+        message = reply["error"]["message"]
+        assert status == 409 and message.startswith("does not fit now: ") and "'head'" in message, (path, reply)
     deployment = tmp_path / "svc.toml"
     deployment.write_text('name = "svc"\n\n[[claims]]\nname = "one"\ngpus = 1\n\n'
                           '[[components]]\nname = "c"\nsharing = [{claim = "one", scope = "per-replica"}]\n')
@@ -229,7 +231,8 @@ def test_no_path_that_takes_capacity_jumps_the_queue(cgd: Cgd, tmp_path: Path) -
     assert status == 201, reply  # a higher priority is not behind the head
     wait_for(lambda: "1 free" in (component(cgd, "head")["queue"]["reason"] or ""), "the head's reason told again")
     reason = component(cgd, "behind")["queue"]["reason"]
-    assert "waits behind 'head'" in reason and "without a time limit" in reason, reason
+    assert reason == (f"waits behind 'head' of {getpass.getuser()}, the first in the queue: a claim without "
+                      "a time limit never goes around it"), reason
 
 
 def test_an_adopted_job_that_exits_0_is_completed_and_runs_once(start_cgd, tmp_path: Path) -> None:

@@ -252,6 +252,12 @@ def test_cgctl_events(cgd: Cgd) -> None:
     assert as_json[0]["exit_code"] == 3 and as_json[0]["then"] == "fail"
     bad = cgd.cgctl("events", "--since", "soon")
     assert bad.returncode == 2 and "soon" in bad.stderr
+    last = as_json[-1]["seq"]
+    status, reply = cgd.request("GET", f"/v1/events?since={last + 1000}&follow=false")
+    assert status == 400 and reply["error"]["message"] == (
+        f"since: {last + 1000} is after the last event of this run ({last})"), reply
+    status, reply = cgd.request("GET", "/v1/events?since=5&follow=false")
+    assert status == 400 and "no event number of cgd" in reply["error"]["message"], reply
 
 
 class Lines:
@@ -318,11 +324,88 @@ def test_every_metric_is_documented_and_the_dashboard_uses_real_ones(start_cgd, 
     assert status == 201, reply
     wait_for(lambda: {"computegroups_worker_gpu_memory_used_bytes", "computegroups_gpu_health_events_total"}
              <= set(samples(scrape_unix(cgd))), "a worker measured, an Xid counted")
-    exported = {re.sub(r"_(bucket|count|sum)$", "", name) for name in samples(scrape_unix(cgd))}
+    found = samples(scrape_unix(cgd))
+    exported = {re.sub(r"_(bucket|count|sum)$", "", name) for name in found}
+    unlabelled = {name for name, series in found.items() for labels, _ in series
+                  if labels.get("Hostname") != "dgx-h100-sim"}
+    assert not unlabelled, f"one Host filter must pick every series: {sorted(unlabelled)}"
     root = Path(__file__).resolve().parents[3]
     documented = set(re.findall(r"^\| `(computegroups_\w+)`", (root / "docs/metrics.md").read_text(), re.M))
     assert exported == documented
     dashboard = (root / "contrib/grafana-dashboard.json").read_text()
     used = {re.sub(r"_(bucket|count|sum)$", "", n) for n in re.findall(r"computegroups_\w+", dashboard)}
     assert used - {"computegroups"} <= documented
-    assert json.loads(dashboard)["panels"]
+    panels = json.loads(dashboard)["panels"]
+    assert panels
+    for target in (t for p in panels for t in p.get("targets", [])):
+        for selector in re.findall(r"computegroups_\w+(\{[^}]*\})?", target["expr"]):
+            assert 'Hostname=~"$host"' in selector, ("every panel follows the Host variable", target["expr"])
+
+
+def test_ended_jobs_are_not_workers_expected_to_run(cgd: Cgd) -> None:
+    """A job that completed or failed keeps its record a while, but no worker of it should run."""
+    for name, code in (("done", 0), ("boom", 4)):
+        status, reply = cgd.request("POST", "/v1/components", {
+            "name": name, "claim": {"gpus": 1}, "command": ["sh", "-c", f"exit {code}"],
+            "restart": {"max_retries": 0}})
+        assert status == 201, reply
+    status, reply = cgd.request("POST", "/v1/components", {"name": "w", "claim": {"gpus": 1}, "command": WORKER})
+    assert status == 201, reply
+    wait_for(lambda: [cgd.request("GET", f"/v1/components/{n}")[1]["state"] for n in ("done", "boom")]
+             == ["completed", "failed"], "both jobs ended")
+    wait_for(lambda: cgd.request("GET", "/v1/health")[1]["workers"]["running"] == 1, "w runs")
+    assert cgd.request("GET", "/v1/health")[1]["workers"] == {"expected": 1, "running": 1}
+    found = samples(scrape_unix(cgd))
+    assert value(found, "computegroups_workers", state="expected") == 1
+    assert value(found, "computegroups_workers", state="running") == 1
+
+
+def test_a_queued_claim_is_placed_or_released_and_nothing_else(cgd: Cgd) -> None:
+    """Placing a queued claim is one `placed` event (not `released` then `allocated`); a queued
+    claim released before its turn is `released`, never `placed` on no GPU."""
+    for body in ({"name": "holder", "claim": {"gpus": 8}},
+                 {"name": "first", "claim": {"gpus": 8}, "wait": True, "detach": True},
+                 {"name": "second", "claim": {"gpus": 8}, "wait": True, "detach": True}):
+        status, reply = cgd.request("POST", "/v1/components", body)
+        assert status == 201, reply
+    done = cgd.cgctl("release", "holder")
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: cgd.request("GET", "/v1/components/first")[1]["state"] == "allocated", "first placed")
+    done = cgd.cgctl("release", "--all")
+    assert done.returncode == 0, done.stderr
+    told = [(e["type"], e["component"], e.get("gpus")) for e in CgdClient(cgd.socket).events(follow=False)]
+    assert [t for t in told if t[1] == "first"] == [
+        ("queued", "first", None), ("placed", "first", list(range(8))), ("released", "first", None)], told
+    assert [t for t in told if t[1] == "second"] == [("queued", "second", None), ("released", "second", None)], told
+
+
+def test_worker_events_name_the_worker_pid(cgd: Cgd) -> None:
+    """`allocate` and `list` show the worker's own pid; its events name the same one (and its
+    launch shim's apart)."""
+    status, reply = cgd.request("POST", "/v1/components", {
+        "name": "w", "claim": {"gpus": 1}, "command": ["sleep", "600"], "restart": {"policy": "never"}})
+    assert status == 201, reply
+    (pid,) = reply["replicas"][0]["pids"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: cgd.request("GET", "/v1/components/w")[1]["state"] == "failed", "w failed")
+    told = {e["type"]: e for e in CgdClient(cgd.socket).events(follow=False)}
+    started, exited = told["worker_started"], told["worker_exited"]
+    assert started["pid"] == exited["pid"] == pid and started["message"].endswith(f"(pid {pid})"), told
+    assert started["shim_pid"] == exited["shim_pid"] != pid
+
+
+def test_a_worker_start_is_never_told_after_its_end(cgd: Cgd, tmp_path: Path) -> None:
+    """A restart whose launch shim ends before forking (the job removed its own cwd) has its exit
+    handled while the start still waits for the fork: no start may be recorded after that."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    status, reply = cgd.request("POST", "/v1/components", {
+        "name": "boom", "claim": {"gpus": 1}, "cwd": str(cwd), "command": ["sh", "-c", 'rmdir "$PWD"; exit 4'],
+        "restart": {"max_retries": 1, "backoff_s": 0.01}})
+    assert status == 201, reply
+    wait_for(lambda: cgd.request("GET", "/v1/components/boom")[1]["state"] == "failed", "boom failed")
+    wait_for(lambda: cgd.request("GET", "/v1/health")[1]["workers"] == {"expected": 0, "running": 0}, "no worker")
+    told = [e["type"] for e in CgdClient(cgd.socket).events(follow=False) if e.get("component") == "boom"]
+    assert told[-1] == "failed" and told.count("worker_started") == 1, told
+    replica = cgd.request("GET", "/v1/components/boom")[1]["replicas"][0]
+    assert replica["pids"] == [], replica

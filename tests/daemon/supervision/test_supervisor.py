@@ -708,3 +708,29 @@ def test_an_exit_is_told_as_a_status_a_signal_name_or_why_it_is_unknown() -> Non
     assert supervisor.describe_exit(None, adopted=True).startswith("an unknown status (its launch shim")
     assert WorkerExit("w.0", 0, None, False).status == "no status (it could not be started)"
     assert WorkerExit("w.0", 41, -signal.SIGKILL, True).status == "signal SIGKILL"
+
+
+def test_a_start_is_told_with_the_worker_pid_and_never_after_its_exit(tmp_path: Path) -> None:
+    """A shim that ends before forking (here: its cwd is gone) has its exit told while the start
+    still waits for the fork; the start must not be told after it, or the manager would record a
+    process that is gone as running. Starts and exits name the worker's own pid beside the shim's."""
+    gone_cwd = spec_for(tmp_path, "gone.0", SLEEPER, cwd=str(tmp_path / "no-such-dir"))
+    sleeper = spec_for(tmp_path, "sleeper.0", SLEEPER)
+    seen: dict[str, int] = {}
+
+    async def body(sup: Supervisor, rec: Recorder) -> None:
+        started = await sup.start_worker(gone_cwd)
+        await rec.wait_exits(1)
+        assert started.worker is None
+        started = await sup.start_worker(sleeper)
+        seen["worker"] = await worker_of(sup, "sleeper.0")
+        assert started.worker == seen["worker"] != started.pid
+        assert sup.worker_pid("sleeper.0", started.pid) == seen["worker"]
+        os.kill(seen["worker"], signal.SIGKILL)
+        await rec.wait_exits(2)
+
+    rec = run_with(tmp_path, body)
+    assert [e.key for _, e in rec.exits] == ["gone.0", "sleeper.0"]
+    assert [s.key for _, s in rec.starts] == ["sleeper.0"], "no start told for the run whose exit was told"
+    assert rec.starts[0][1].worker == rec.exits[1][1].worker == seen["worker"]
+    assert rec.exits[0][1].worker is None
