@@ -64,7 +64,7 @@ def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | Non
         emit_lines([*queued_lines(component, width),
                     *wrap(f"it runs when its turn comes; `cgctl wait {name}` waits for its end", width)])
     else:
-        emit_lines(component_text(component, "started" if command else "allocated", explain))
+        emit_lines(component_text(component, "started" if command else "allocated", explain, columns()))
 
 
 def _require_reservation(cgd: CgdClient, name: str) -> None:

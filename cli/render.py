@@ -131,18 +131,19 @@ def owner_name(c: Doc) -> str:
     return str(owner.get("user") or owner.get("uid", "?")) if isinstance(owner, Mapping) else str(owner)
 
 
-def component_text(c: Doc, verb: str, explain: bool = False) -> list[str]:
-    """What `allocate`/`scale` print: one line per replica, then why if asked."""
+def component_text(c: Doc, verb: str, explain: bool = False, width: int = 80) -> list[str]:
+    """What `allocate`/`scale` print: one line per replica, then why if asked; within `width`
+    columns (a long name or many pids wrap under the replica's line, the explanation's clauses too)."""
     replicas = c.get("replicas") or []
-    lines = [f"{verb} {c['name']}: {len(replicas)} replica{'s' if len(replicas) != 1 else ''} ({c.get('state')})"]
+    lines = wrap(f"{verb} {c['name']}: {len(replicas)} replica{'s' if len(replicas) != 1 else ''} ({c.get('state')})",
+                 width)
     for r in replicas:
         pids = ",".join(str(p) for p in r.get("pids") or []) or "-"
-        lines.append(
+        lines += wrap(
             f"  {r['index']}  {r.get('group') or '-'}  {r.get('role')}  GPU {devices_label(r.get('devices') or [])}"
-            f"  CUDA_VISIBLE_DEVICES={r.get('cuda_visible_devices') or ''}  pids {pids}")
-    if explain:  # placement explains itself in clauses; a terminal of 80 columns shows them whole
-        lines += textwrap.wrap(f"why: {c.get('explanation') or 'cgd gave no explanation'}", width=80,
-                               subsequent_indent="     ", break_on_hyphens=False, break_long_words=False)
+            f"  CUDA_VISIBLE_DEVICES={r.get('cuda_visible_devices') or ''}  pids {pids}", width, indent="     ")
+    if explain:
+        lines += wrap(f"why: {c.get('explanation') or 'cgd gave no explanation'}", width, indent="     ")
     return lines
 
 

@@ -74,6 +74,17 @@ def test_a_long_explanation_is_wrapped_within_80_columns() -> None:
     assert " ".join(line.strip() for line in why_lines) == f"why: {why}"
 
 
+def test_what_allocate_prints_fits_the_terminal_with_a_long_name() -> None:
+    c = {**component(f"{LONG_NAME}1"), "explanation": "GPU 0: emptiest NVLink island"}
+    c["replicas"][1]["pids"] = list(range(4242, 4262))
+    lines = component_text(c, "started", explain=True, width=60)
+    assert all(len(line) <= 60 for line in lines), [line for line in lines if len(line) > 60]
+    assert lines[0] == f"started {LONG_NAME}1: 2 replicas" and lines[1] == "  (running)"
+    assert lines[2].startswith(f"  0  {LONG_NAME}1-0  primary") and lines[3].startswith("     ")
+    assert ",".join(map(str, range(4242, 4262))) in "".join(line.strip() for line in lines)  # broken, not lost
+    assert component_text(component(), "allocated") == component_text(component(), "allocated", width=200)
+
+
 def test_list_is_a_table_with_owner_and_reservations() -> None:
     reservation = {"name": "train", "owner": {"uid": 1001, "user": "bob"}, "expires_at": None,
                    "priority": 0, "groups": [{"id": "train-0", "devices": [device(5)]}]}
