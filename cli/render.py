@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from computegroups.cli.terminal import WIDTH
+
 Json = Any
 Doc = Mapping[str, Any]
 Style = Callable[..., str]
@@ -131,7 +133,7 @@ def owner_name(c: Doc) -> str:
     return str(owner.get("user") or owner.get("uid", "?")) if isinstance(owner, Mapping) else str(owner)
 
 
-def component_text(c: Doc, verb: str, explain: bool = False, width: int = 80) -> list[str]:
+def component_text(c: Doc, verb: str, explain: bool = False, width: int = WIDTH) -> list[str]:
     """What `allocate`/`scale` print: one line per replica, then why if asked; within `width`
     columns (a long name or many pids wrap under the replica's line, the explanation's clauses too)."""
     replicas = c.get("replicas") or []
@@ -218,7 +220,7 @@ RESERVATION_STEPS: tuple[Step, ...] = (("shrink", 1, 10), ("shrink", 0, 14), ("s
                                        ("shrink", 0, 10), ("shrink", 2, 8))
 
 
-def list_text(components: Sequence[Doc], reservations: Sequence[Doc], width: int = 80) -> list[str]:
+def list_text(components: Sequence[Doc], reservations: Sequence[Doc], width: int = WIDTH) -> list[str]:
     """The replicas' table, the queue with why each claim waits (wrapped), the reservations'
     table; nothing wider than `width`."""
     if not components and not reservations:
@@ -322,7 +324,6 @@ def gpu_block(g: Doc, style: Style) -> list[str]:
     return lines
 
 
-WIDTH = 80
 ENDED_SHOWN = 5
 """Ended jobs `status` lists (the latest); `cgctl list` has them all."""
 

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 import click
 
 from computegroups.cli.render import Doc, Json, Style, glance_lines, size, state_loss_lines
+from computegroups.cli.terminal import WIDTH
 
-WIDTH = 80
 STATE_WORDS = {"running": "run", "starting": "start", "allocated": "held", "reservation": "reserved"}
 """How a state reads in a GPU line when a shorter word says the same; the others read as cgd names them."""
 SEVERITY = ("failed", "lost", "degraded", "timeout", "restarting", "starting", "running", "allocated",
@@ -408,7 +408,7 @@ def _why(gpu: Doc) -> list[str]:
 
 
 def summary_lines(board: Board, width: int) -> list[str]:
-    """`4/8 GPUs used | 4 run, 1 shadow, 1 restarting | 1 reserved | 1 queued | 1 alert`: the
+    """`8/8 GPUs used | 1 restarting, 6 run, 1 shadow | 1 reserved | 1 queued | 1 alert`: the
     components counted by state at every width. When it is wider than `width`, the counts that
     are zero go first (`0 reserved`, `0 queued`); then it wraps between its parts (the next line
     begins `| `) or between states (the line before ends in `,`), and only a part wider than a
