@@ -20,8 +20,9 @@ from computegroups.cli.options import (
     shape_options,
     wait_options,
 )
-from computegroups.cli.render import component_json, component_text, devices_label
-from computegroups.cli.wait import queued_line, wait_for_place, wait_timeout
+from computegroups.cli.render import component_json, component_text, devices_label, wrap
+from computegroups.cli.terminal import columns
+from computegroups.cli.wait import queued_lines, wait_for_place, wait_timeout
 from computegroups.daemon.client.sync import CgdClient
 
 
@@ -59,9 +60,11 @@ def allocate(name: str, command: tuple[str, ...], explain: bool, wait: str | Non
     if json_wanted():
         emit_json(component_json(component))
     elif component.get("state") == "pending":
-        emit_lines([queued_line(component), f"it runs when its turn comes; `cgctl wait {name}` waits for its end"])
+        width = columns()
+        emit_lines([*queued_lines(component, width),
+                    *wrap(f"it runs when its turn comes; `cgctl wait {name}` waits for its end", width)])
     else:
-        emit_lines(component_text(component, "started" if command else "allocated", explain))
+        emit_lines(component_text(component, "started" if command else "allocated", explain, columns()))
 
 
 def _require_reservation(cgd: CgdClient, name: str) -> None:

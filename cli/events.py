@@ -9,8 +9,7 @@ from typing import Any
 import click
 
 from computegroups.cli.connect import client, json_wanted, talking
-
-WIDTH = 80
+from computegroups.cli.terminal import WIDTH, columns
 
 
 @click.command()
@@ -18,18 +17,23 @@ WIDTH = 80
               help="Keep printing events as they happen, across restarts of cgd, until Ctrl-C.")
 @click.option("--since", type=int, metavar="SEQ",
               help="Only events after this sequence number (the last one you saw); default: all kept.")
+@click.option("--json", is_flag=True, expose_value=False,
+              help="One JSON object per line, as cgd sends them (cgctl's global --json, which may "
+                   "come before or after `events`).")
 def events(follow: bool, since: int | None) -> None:
     """Print cgd's events: allocations, queue, workers starting and ending,
     promotions, drains, GPU faults. You see those of your own components
     and of the machine (root sees all). With --json, one JSON object per
     line, as cgd sends them; each has a `seq` to pass to --since after a
     reconnect (a `gap` event says when some were missed). Following, a
-    restart of cgd is waited for and read on from the last event shown."""
+    restart of cgd is waited for and read on from the last event shown.
+    Text lines are cut to the terminal's width (80 columns in a pipe)."""
     cgd = client()
+    width = columns()
     with talking():
         try:
             for event in cgd.events(since, follow, on_lost=note):
-                click.echo(json.dumps(event, sort_keys=True) if json_wanted() else event_line(event))
+                click.echo(json.dumps(event, sort_keys=True) if json_wanted() else event_line(event, width))
         except KeyboardInterrupt:
             return
 

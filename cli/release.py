@@ -23,6 +23,7 @@ from computegroups.cli.connect import (
 from computegroups.cli.deploy import deployment_names, emit_changed, scale_deployment
 from computegroups.cli.options import NAME, DurationType
 from computegroups.cli.render import component_json, component_text
+from computegroups.cli.terminal import columns
 from computegroups.daemon.client.errors import CgdError
 from computegroups.daemon.client.sync import CgdClient
 
@@ -142,7 +143,7 @@ def scale(name: str, replicas: int) -> None:
     if json_wanted():
         emit_json(component_json(component))
     else:
-        emit_lines(component_text(component, "scaled"))
+        emit_lines(component_text(component, "scaled", width=columns()))
 
 
 @click.command()
@@ -158,4 +159,4 @@ def restart(name: str, replica: int | None) -> None:
     if json_wanted():
         emit_json(component_json(component))
     else:
-        emit_lines(component_text(component, "restarted"))
+        emit_lines(component_text(component, "restarted", width=columns()))

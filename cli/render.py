@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from computegroups.cli.terminal import WIDTH
+
 Json = Any
 Doc = Mapping[str, Any]
 Style = Callable[..., str]
@@ -131,19 +133,28 @@ def owner_name(c: Doc) -> str:
     return str(owner.get("user") or owner.get("uid", "?")) if isinstance(owner, Mapping) else str(owner)
 
 
-def component_text(c: Doc, verb: str, explain: bool = False) -> list[str]:
-    """What `allocate`/`scale` print: one line per replica, then why if asked."""
+def component_text(c: Doc, verb: str, explain: bool = False, width: int = WIDTH) -> list[str]:
+    """What `allocate`/`scale` print: one line per replica, then why if asked; within `width`
+    columns (a long name or many pids wrap under the replica's line, the explanation's clauses too)."""
     replicas = c.get("replicas") or []
-    lines = [f"{verb} {c['name']}: {len(replicas)} replica{'s' if len(replicas) != 1 else ''} ({c.get('state')})"]
+    lines = wrap(f"{verb} {c['name']}: {len(replicas)} replica{'s' if len(replicas) != 1 else ''} ({c.get('state')})",
+                 width)
     for r in replicas:
         pids = ",".join(str(p) for p in r.get("pids") or []) or "-"
-        lines.append(
+        lines += wrap(
             f"  {r['index']}  {r.get('group') or '-'}  {r.get('role')}  GPU {devices_label(r.get('devices') or [])}"
-            f"  CUDA_VISIBLE_DEVICES={r.get('cuda_visible_devices') or ''}  pids {pids}")
-    if explain:  # placement explains itself in clauses; a terminal of 80 columns shows them whole
-        lines += textwrap.wrap(f"why: {c.get('explanation') or 'cgd gave no explanation'}", width=80,
-                               subsequent_indent="     ", break_on_hyphens=False, break_long_words=False)
+            f"  CUDA_VISIBLE_DEVICES={r.get('cuda_visible_devices') or ''}  pids {pids}", width, indent="     ")
+    if explain:
+        lines += wrap(f"why: {c.get('explanation') or 'cgd gave no explanation'}", width, indent="     ")
     return lines
+
+
+def wrap(text: str, width: int, indent: str = "  ") -> list[str]:
+    """`text` on lines of at most `width` columns, those after the first indented; a word longer
+    than a line (a path, a long name) is broken rather than let past the edge."""
+    if width <= len(indent) + 1:
+        indent = ""
+    return textwrap.wrap(text, max(1, width), subsequent_indent=indent, break_on_hyphens=False) or [""]
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -151,9 +162,69 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=False)).rstrip() for row in (header, *rows)]
 
 
-def list_text(components: Sequence[Doc], reservations: Sequence[Doc]) -> list[str]:
+Step = tuple[str, int, int]
+"""How a table gives up room: `("shrink", column, narrowest)` or `("drop", column, 0)`."""
+
+
+def fitted_table(header: Sequence[str], rows: Sequence[Sequence[str]], width: int,
+                 steps: Sequence[Step], middle: Sequence[int] = ()) -> list[str]:
+    """`table` within `width` columns: while it is wider, `steps` are taken in their order, each
+    making a column narrower (its cells shortened with `...`; those of `middle`, names, keep their
+    start and their end, where names tell apart) or dropping it; room a dropped column leaves goes
+    back to the columns narrowed before, in the order of `steps`. A table still too wide is cut."""
+    natural = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    widths = list(natural)
+    shown = list(range(len(header)))
+
+    def total() -> int:
+        return sum(widths[c] for c in shown) + 2 * (len(shown) - 1)
+
+    for action, column, narrowest in steps:
+        over = total() - width
+        if over <= 0:
+            break
+        if action == "drop" and column in shown:
+            shown.remove(column)
+        elif action == "shrink":
+            widths[column] -= max(0, min(over, widths[column] - narrowest))
+    for column in dict.fromkeys(c for action, c, _ in steps if action == "shrink" and c in shown):
+        widths[column] += max(0, min(width - total(), natural[column] - widths[column]))  # room a drop freed
+    lines = ["  ".join(shorten(str(row[c]), widths[c], c in middle).ljust(widths[c]) for c in shown).rstrip()
+             for row in (header, *rows)]
+    return [line if len(line) <= width else shorten(line, width) for line in lines]
+
+
+def shorten(text: str, width: int, middle: bool = False) -> str:
+    """`text` in at most `width` columns, `...` where some of it went: its end, or its middle.
+
+    >>> shorten("a-very-long-component-name-1", 16, middle=True), shorten("0-55,112-167", 8)
+    ('a-very-...name-1', '0-55,...')
+    """
+    if len(text) <= width:
+        return text
+    if width <= 4:
+        return text[:width]
+    if middle:
+        back = (width - 3) // 2
+        return text[:width - 3 - back] + "..." + text[len(text) - back:]
+    return text[:width - 3] + "..."
+
+
+LIST_STEPS: tuple[Step, ...] = (
+    ("shrink", 0, 24), ("shrink", 2, 12), ("drop", 6, 0), ("shrink", 0, 16), ("shrink", 2, 10),
+    ("shrink", 0, 12), ("shrink", 7, 6), ("drop", 2, 0), ("shrink", 5, 8), ("shrink", 8, 6), ("drop", 3, 0))
+"""How `cgctl list` fits a terminal: long names narrow first, then CPUS goes (on a box of two NUMA
+nodes a binding alone is 12 columns), then GROUP; the state, the devices and who holds them stay
+longest (`--json` has everything in full)."""
+RESERVATION_STEPS: tuple[Step, ...] = (("shrink", 1, 10), ("shrink", 0, 14), ("shrink", 3, 6), ("drop", 1, 0),
+                                       ("shrink", 0, 10), ("shrink", 2, 8))
+
+
+def list_text(components: Sequence[Doc], reservations: Sequence[Doc], width: int = WIDTH) -> list[str]:
+    """The replicas' table, the queue with why each claim waits (wrapped), the reservations'
+    table; nothing wider than `width`."""
     if not components and not reservations:
-        return ["nothing allocated: `cgctl allocate NAME --gpus 1` makes a component"]
+        return wrap("nothing allocated: `cgctl allocate NAME --gpus 1` makes a component", width)
     lines: list[str] = []
     if components:
         rows = []
@@ -164,17 +235,21 @@ def list_text(components: Sequence[Doc], reservations: Sequence[Doc]) -> list[st
                     replica_state(c, r), devices_label(r["devices"]) if r.get("devices") else cpus_label(r),
                     r.get("cpu_binding") or "-", ",".join(str(p) for p in r.get("pids") or []) or "-", owner_name(c),
                 ])
-        lines += table(["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "CPUS", "PIDS", "OWNER"], rows)
+        lines += fitted_table(["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "CPUS", "PIDS", "OWNER"], rows,
+                              width, LIST_STEPS, middle=(0, 2))
         queued = sorted((c for c in components if c.get("queue")), key=lambda c: c["queue"].get("position", 0))
         if queued:
-            lines += ["", "queue:"] + [f"  #{c['queue'].get('position')} {c['name']}: {c['queue'].get('reason')}"
-                                      for c in queued]
+            lines += ["", "queue:"]
+            for c in queued:
+                lines += wrap(f"  #{c['queue'].get('position')} {c['name']}: {c['queue'].get('reason')}", width,
+                              indent="      ")
     if reservations:
         rows = [[r["name"], ", ".join(g["id"] for g in r.get("groups") or []),
                  devices_label(d for g in r.get("groups") or [] for d in g.get("devices") or []),
                  owner_name(r), _expires(r.get("expires_at"))] for r in reservations]
-        lines += ([""] if lines else []) + table(["RESERVATION", "GROUPS", "GPUS", "OWNER", "EXPIRES"], rows)
-    return lines
+        lines += ([""] if lines else []) + fitted_table(["RESERVATION", "GROUPS", "GPUS", "OWNER", "EXPIRES"], rows,
+                                                        width, RESERVATION_STEPS, middle=(0, 1))
+    return [shorten(line, width) for line in lines]
 
 
 def replica_state(c: Doc, r: Doc) -> str:
@@ -249,7 +324,6 @@ def gpu_block(g: Doc, style: Style) -> list[str]:
     return lines
 
 
-WIDTH = 80
 ENDED_SHOWN = 5
 """Ended jobs `status` lists (the latest); `cgctl list` has them all."""
 

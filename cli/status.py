@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 
@@ -11,7 +10,8 @@ import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
 from computegroups.cli.render import colour_enabled, component_json, list_text, status_text, styler
-from computegroups.cli.status_view import WIDTH, Board, status_json, status_lines
+from computegroups.cli.status_view import STALE_AFTER_S, Board, status_json, status_lines
+from computegroups.cli.terminal import columns
 from computegroups.daemon.client.sync import CgdClient
 
 INTERVAL = click.option("--interval", "-n", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
@@ -19,9 +19,17 @@ INTERVAL = click.option("--interval", "-n", type=click.FloatRange(min=0.1), defa
 
 
 def look(cgd: CgdClient) -> Board:
-    """One look at cgd: who is on each GPU, and the state and role each of them is in."""
+    """One look at cgd: who is on each GPU, the state and role each of them is in, and how old a
+    measurement may be before it is stale (three periods of cgd's health loop, when cgd says it)."""
     return Board.of(cgd.status(), cgd.list_components()["components"], cgd.list_reservations()["reservations"],
-                    now=time.time())
+                    now=time.time(), stale_after_s=stale_after(cgd.health()))
+
+
+def stale_after(health: dict[str, object]) -> float:
+    """Three of the health loop's periods (`interval_s` of `GET /v1/health`): a sample older than that
+    means the loop missed two; an older cgd that does not say its period gets `STALE_AFTER_S`."""
+    interval = health.get("interval_s")
+    return 3 * float(interval) if isinstance(interval, (int, float)) and interval > 0 else STALE_AFTER_S
 
 
 @click.command()
@@ -49,8 +57,7 @@ def status(watch: bool, interval: float, long_: bool) -> None:
     if json_wanted():
         emit_json(status_json(board))
     else:
-        width = shutil.get_terminal_size((WIDTH, 24)).columns if sys.stdout.isatty() else WIDTH
-        emit_lines(status_lines(board, styler(colour_enabled()), width))
+        emit_lines(status_lines(board, styler(colour_enabled()), columns()))
 
 
 @click.command()
@@ -85,7 +92,7 @@ def list_components(mine: bool) -> None:
     if json_wanted():
         emit_json({"components": [component_json(c) for c in components], "reservations": reservations})
     else:
-        emit_lines(list_text(components, reservations))
+        emit_lines(list_text(components, reservations, columns()))
 
 
 @click.command(name="ack-state-loss")

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 import click
 
 from computegroups.cli.render import Doc, Json, Style, glance_lines, size, state_loss_lines
+from computegroups.cli.terminal import WIDTH
 
-WIDTH = 80
 STATE_WORDS = {"running": "run", "starting": "start", "allocated": "held", "reservation": "reserved"}
 """How a state reads in a GPU line when a shorter word says the same; the others read as cgd names them."""
 SEVERITY = ("failed", "lost", "degraded", "timeout", "restarting", "starting", "running", "allocated",
@@ -38,8 +38,8 @@ FORM_FACTOR = re.compile(r"^(sxm\d*|pcie|hbm\d*e?|nvl|nvlink)$", re.IGNORECASE)
 MODEL_WIDTH = 9
 BAR_CELLS = 8
 STALE_AFTER_S = 10.0
-"""A sample older than this is stale: five of the health loop's samples at its default interval
-(`[health] interval_s = 2`). cgd does not serve its interval, so this cannot be three of them."""
+"""A sample older than this is stale when cgd does not say its health loop's period (an older cgd);
+otherwise `cgctl` takes three periods (`interval_s` of `GET /v1/health`)."""
 
 
 
@@ -342,7 +342,8 @@ def gpu_lines(board: Board, width: int, style: Style) -> list[str]:
 def island_lines(board: Board, islands: Sequence[Sequence[int]], expanded: set[int], width: int,
                  style: Style) -> list[tuple[int | None, str]]:
     """One line per NVLink island, `+` before a folded one, `-` before an open one with its GPUs
-    below it; each line with the island it belongs to (None for the header)."""
+    below it; an island of one GPU is that GPU's line, with nothing to open. Each line comes
+    with the island it belongs to (None for the header)."""
     by_index = {g["index"]: g for g in board.gpus}
     users = board.shared
     label_width = max([5, *(len(_span(i)) for i in islands)])
@@ -350,6 +351,10 @@ def island_lines(board: Board, islands: Sequence[Sequence[int]], expanded: set[i
     for n, island in enumerate(islands):
         gpus = [by_index[i] for i in island if i in by_index]
         if not gpus:
+            continue
+        if len(gpus) == 1:
+            lines.append((n, "  " + line(gpu_cells(gpus[0], board.on(gpus[0]), board.stale(gpus[0])), width - 2,
+                                         label_width, style, users)))
             continue
         mark = "- " if n in expanded else "+ "
         cells = island_cells(gpus, [board.on(g) for g in gpus], [board.stale(g) for g in gpus])
@@ -402,18 +407,35 @@ def _why(gpu: Doc) -> list[str]:
     return [*map(str, gpu.get("reasons") or []), *foreign]
 
 
-def summary_line(board: Board, width: int) -> str:
-    """`4/8 GPUs used | 4 run, 1 shadow, 1 restarting | 1 reserved | 1 queued | 1 alert`."""
+def summary_lines(board: Board, width: int) -> list[str]:
+    """`8/8 GPUs used | 1 restarting, 6 run, 1 shadow | 1 reserved | 1 queued | 1 alert`: the
+    components counted by state at every width. When it is wider than `width`, the counts that
+    are zero go first (`0 reserved`, `0 queued`); then it wraps between its parts (the next line
+    begins `| `) or between states (the line before ends in `,`), and only a part wider than a
+    line alone is cut."""
     s = summary(board)
-    by_state = ", ".join(f"{n} {_word(state)}" for state, n in s["components_by_state"].items() if state != "pending")
+    states = [f"{n} {_word(state)}" for state, n in s["components_by_state"].items() if state != "pending"]
     alerts = len(s["alerts"])
-    parts = [f"{s['gpus_in_use']}/{s['gpus']} GPUs used", by_state or "no components",
-             f"{s['reservations']} reserved", f"{s['pending']} queued", f"{alerts} alert{'s' if alerts != 1 else ''}"]
-    text = " | ".join(parts)
-    if len(text) > width:  # the states give way first: `cgctl list` has them
-        parts[1] = f"{s['components']} components"
-        text = " | ".join(parts)
-    return _cut(text, width)
+    parts = [[f"{s['gpus_in_use']}/{s['gpus']} GPUs used"],
+             [f"{text}," for text in states[:-1]] + states[-1:] or ["no components"],
+             [f"{s['reservations']} reserved"], [f"{s['pending']} queued"],
+             [f"{alerts} alert{'s' if alerts != 1 else ''}"]]
+    text = " | ".join(" ".join(words) for words in parts)
+    if len(text) <= width:
+        return [text]
+    parts = [words for words in parts if words not in (["0 reserved"], ["0 queued"])]
+    text = " | ".join(" ".join(words) for words in parts)
+    if len(text) <= width:
+        return [text]
+    lines: list[str] = []
+    for words in parts:
+        for n, word in enumerate(words):
+            joined = f"{lines[-1]}{' ' if n else ' | '}{word}" if lines else ""
+            if lines and len(joined) <= width:
+                lines[-1] = joined
+            else:  # a new line goes on from the part before it (`| `) or the state before it (`, ` ended it)
+                lines.append(_cut(f"{'  ' if n else '| '}{word}" if lines else word, width))
+    return lines
 
 
 def tail_lines(board: Board, width: int, style: Style) -> list[str]:
@@ -438,7 +460,7 @@ def clip(text: str, width: int) -> str:
 def status_lines(board: Board, style: Style, width: int = WIDTH) -> list[str]:
     """`cgctl status`: the state loss warning if any, one line per GPU, the summary, what wants a look."""
     lines = [*state_loss_lines(board.status.get("state_loss") or [], style), *gpu_lines(board, width, style),
-             "", summary_line(board, width), *tail_lines(board, width, style)]
+             "", *summary_lines(board, width), *tail_lines(board, width, style)]
     return [clip(text, width) for text in lines]
 
 

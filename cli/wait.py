@@ -17,6 +17,8 @@ import click
 
 from computegroups.cli.connect import client, complete_components, emit_json, fail, json_wanted, talking
 from computegroups.cli.options import FOREVER, NAME, DurationType
+from computegroups.cli.render import wrap
+from computegroups.cli.terminal import columns
 from computegroups.daemon.client.errors import CgdUnreachable, ClientError
 from computegroups.daemon.client.sync import CgdClient
 
@@ -43,10 +45,13 @@ def wait_until(cgd: CgdClient, name: str, until: str, timeout: float | None) -> 
             return dict(answer["component"])
 
 
-def queued_line(component: dict[str, Any]) -> str:
+def queued_lines(component: dict[str, Any], width: int, then: str = "") -> list[str]:
+    """`queued NAME: position N (why it does not fit)` and `then`, wrapped to `width` columns:
+    cgd's reason names everyone in the way, often longer than a terminal is wide."""
     queue = component.get("queue") or {}
-    return (f"queued {component['name']}: position {queue.get('position', '?')} "
-            f"({queue.get('reason') or 'waiting for capacity'})")
+    text = (f"queued {component['name']}: position {queue.get('position', '?')} "
+            f"({queue.get('reason') or 'waiting for capacity'}){then}")
+    return wrap(text, width)
 
 
 def exit_code(component: dict[str, Any]) -> int:
@@ -66,7 +71,7 @@ def wait_timeout(wait: str | None, detach: bool) -> float | None:
 def wait_for_place(cgd: CgdClient, component: dict[str, Any], timeout: float | None) -> dict[str, Any]:
     """Block like salloc until the queued claim is placed; on a timeout or ^C the claim is withdrawn."""
     name = component["name"]
-    click.echo(queued_line(component) + "; waiting (^C gives up)", err=True)
+    click.echo("\n".join(queued_lines(component, columns(), "; waiting (^C gives up)")), err=True)
     placed = None
     try:
         placed = wait_until(cgd, name, "placed", timeout)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from computegroups.cli.render import colour_enabled, state_loss_lines, styler
-from computegroups.cli.status_view import Board, clip, island_lines, status_lines, summary_line, tail_lines
+from computegroups.cli.status_view import Board, clip, island_lines, status_lines, summary_lines, tail_lines
 from computegroups.daemon.client.errors import ClientError
 
 plain = styler(False)
@@ -80,17 +80,20 @@ def frame(board: Board, islands: Sequence[Sequence[int]], view: View, width: int
         tagged = island_lines(board, islands, view.expanded, width, plain)
         heads = tagged[0][1]
         cursor_row = len(loss) + next(i for i, (n, _) in enumerate(tagged[1:]) if n == view.cursor)
-        body = [*loss, *(text for _, text in tagged[1:]), "", summary_line(board, width),
+        body = [*loss, *(text for _, text in tagged[1:]), "", *summary_lines(board, width),
                 *tail_lines(board, width, plain)]
     else:
         heads = flat[len(loss)]
         body = [*flat[:len(loss)], *flat[len(loss) + 1:]]
     rows = max(0, height - 2)
     if cursor_row is not None:
-        view.offset = min(view.offset, cursor_row)
+        if view.cursor < len(islands) - 1:  # on the last island the rest may scroll its line out of sight
+            view.offset = min(view.offset, cursor_row)
         view.offset = max(view.offset, cursor_row - rows + 1)
     view.offset = max(0, min(view.offset, len(body) - rows))
     shown = body[view.offset:view.offset + rows]
+    if cursor_row is not None and not view.offset <= cursor_row < view.offset + rows:
+        cursor_row = None
     scrolls = len(body) > rows
     keys = KEYS_ISLANDS if folded else KEYS_FLAT if scrolls else "q: quit"
     top = f"{title}  {view.offset + 1}-{view.offset + len(shown)}/{len(body)}" if scrolls else title
@@ -108,7 +111,10 @@ def press(key: int, view: View, islands: Sequence[Sequence[int]], folded: bool, 
             curses.KEY_HOME: -10**6, ord("g"): -10**6, curses.KEY_END: 10**6, ord("G"): 10**6}.get(key)
     if step is not None:
         if folded:
-            view.cursor = max(0, min(len(islands) - 1, view.cursor + step))
+            last = len(islands) - 1
+            view.cursor, beyond = max(0, min(last, view.cursor + step)), view.cursor + step - last
+            if beyond > 0:  # past the last island: what is under it (its GPUs, the summary) scrolls into sight
+                view.offset += beyond
         else:
             view.offset = max(0, view.offset + step)
     elif folded and key in (10, 13, curses.KEY_ENTER, ord(" ")):

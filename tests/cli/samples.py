@@ -120,3 +120,33 @@ def wide_machine(count: int = 72, island: int = 8) -> tuple[dict[str, Any], list
     components = [owned(f"job-{i}", "running", [replica(0, i)]) for i in range(0, count, island)]
     islands = [list(range(start, min(start + island, count))) for start in range(0, count, island)]
     return {"generation": 1, "gpus": gpus, "lost_groups": [], "state_loss": [], "components": []}, components, islands
+
+
+LONG_NAME = "a-very-long-component-name-for-testing"
+"""38 characters: the name a new user gave a component in the trial that found `cgctl list` 140 wide."""
+IN_THE_WAY = ("needs 8 whole GPUs; 0 free (not free: in use by root (component web): GPU 0; in use by root "
+              "(component crash): GPU 1; in use by root (reservation later): GPU 2; in use by root (components "
+              "small-a, small-b, small-c): GPU 3; in use by root (component sweep): GPUs 4,7; in use by root "
+              "(component train): GPUs 5,6)")
+"""cgd's reason for a queued claim on a full DGX H100, as `allocate --detach` and `list` got it."""
+
+
+def listed(name: str, gpus: list[int], state: str = "running", cpus: str = "0-55,112-167",
+           queue: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A component of `GET /v1/components` with one replica on `gpus`, bound to `cpus`."""
+    return {**component(name, 1, "root"), "state": state, "queue": queue,
+            "replicas": [{"index": 0, "group": None if queue else f"{name}-0", "groups": [], "role": "primary",
+                          "state": state, "restarts": 0, "devices": [device(i) for i in gpus],
+                          "cuda_visible_devices": ",".join(map(str, gpus)), "cpu_binding": None if queue else cpus,
+                          "pids": [] if queue else [28906 + len(name)]}]}
+
+
+def crowded_list() -> list[dict[str, Any]]:
+    """What `cgctl list` showed on the trial's DGX H100: NUMA-bound replicas, two claims queued."""
+    return [listed("crash", [1], "restarting"),
+            listed("eval", [], "pending", queue={"position": 1, "reason": IN_THE_WAY}),
+            listed(f"{LONG_NAME}1", [], "pending",
+                   queue={"position": 2, "reason": "claim: does not fit now: 1 queued claim of this priority or "
+                          "higher goes first (the first is 'eval' of root)"}),
+            listed(f"{LONG_NAME}2", [3]), listed("train", [5, 6], cpus="56-111,168-223"),
+            listed("web", [0]), listed("web-standby", [0])]

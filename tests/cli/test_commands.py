@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner, Result
@@ -14,7 +15,7 @@ from computegroups.cli.main import cli
 from computegroups.cli.status_view import Board, status_json
 from computegroups.daemon.client.errors import CgdError
 from tests.cli.fake_cgd import FakeCgd, install
-from tests.cli.samples import busy_machine, component, status
+from tests.cli.samples import busy_machine, component, measured, status
 
 
 @pytest.fixture
@@ -171,16 +172,25 @@ def test_list_mine_asks_for_the_callers_uid(cgd: FakeCgd) -> None:
     assert cgd.sent()[0][1] == f"/v1/components?owner={os.getuid()}"
 
 
-def test_status_text_long_and_json(cgd: FakeCgd) -> None:
+def test_status_text_long_and_json(cgd: FakeCgd, monkeypatch: pytest.MonkeyPatch) -> None:
     doc, components, reservations = busy_machine()
+    sampled = measured()["sampled_at"]
+    monkeypatch.setattr("computegroups.cli.status.time", SimpleNamespace(time=lambda: sampled + 5))
     cgd.on("GET", "/v1/status", doc)
     cgd.on("GET", "/v1/components", {"components": components})
     cgd.on("GET", "/v1/reservations", {"reservations": reservations})
+    cgd.on("GET", "/v1/health", {"status": "ok", "last_sample": sampled, "interval_s": 2.0})
     text = cgctl("status").stdout
     assert "\x1b[" not in text  # not a terminal
     assert text.splitlines()[1].endswith("ada/web:run ada/web-sb:shadow") and "bob/later:reserved" in text
     assert cgctl("status", "--watch").stdout == text and cgctl("top").stdout == text  # no terminal: once
-    assert json.loads(cgctl("--json", "status").stdout) == status_json(Board.of(doc, components, reservations))
+    assert json.loads(cgctl("--json", "status").stdout) == status_json(
+        Board.of(doc, components, reservations, now=sampled + 5, stale_after_s=6.0))
+    assert "stale" not in text and " 87% " in text.splitlines()[1]  # 5 s old: fresh for a loop of 2 s
+    cgd.on("GET", "/v1/health", {"status": "ok", "last_sample": sampled, "interval_s": 1.0})
+    assert "  ! stale: GPU 0,1,3,4,5,7 last measured 5s ago" in cgctl("status").stdout.splitlines()
+    cgd.on("GET", "/v1/health", {"status": "ok", "last_sample": sampled})  # a cgd that does not say: 10 s
+    assert cgctl("status").stdout == text
     cgd.on("GET", "/v1/status", status())
     long = cgctl("status", "--long").stdout
     assert "GPU 2" in long and "DRAINED" in long

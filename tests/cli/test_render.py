@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from computegroups.cli.render import (
     bar,
@@ -16,7 +18,7 @@ from computegroups.cli.render import (
     status_text,
     styler,
 )
-from tests.cli.samples import component, device, gpu, status
+from tests.cli.samples import IN_THE_WAY, LONG_NAME, component, crowded_list, device, gpu, status
 
 plain = styler(False)
 
@@ -72,6 +74,17 @@ def test_a_long_explanation_is_wrapped_within_80_columns() -> None:
     assert " ".join(line.strip() for line in why_lines) == f"why: {why}"
 
 
+def test_what_allocate_prints_fits_the_terminal_with_a_long_name() -> None:
+    c = {**component(f"{LONG_NAME}1"), "explanation": "GPU 0: emptiest NVLink island"}
+    c["replicas"][1]["pids"] = list(range(4242, 4262))
+    lines = component_text(c, "started", explain=True, width=60)
+    assert all(len(line) <= 60 for line in lines), [line for line in lines if len(line) > 60]
+    assert lines[0] == f"started {LONG_NAME}1: 2 replicas" and lines[1] == "  (running)"
+    assert lines[2].startswith(f"  0  {LONG_NAME}1-0  primary") and lines[3].startswith("     ")
+    assert ",".join(map(str, range(4242, 4262))) in "".join(line.strip() for line in lines)  # broken, not lost
+    assert component_text(component(), "allocated") == component_text(component(), "allocated", width=200)
+
+
 def test_list_is_a_table_with_owner_and_reservations() -> None:
     reservation = {"name": "train", "owner": {"uid": 1001, "user": "bob"}, "expires_at": None,
                    "priority": 0, "groups": [{"id": "train-0", "devices": [device(5)]}]}
@@ -80,6 +93,31 @@ def test_list_is_a_table_with_owner_and_reservations() -> None:
     assert lines[1].split() == ["web", "0", "web-0", "primary", "running", "0", "-", "4242", "ada"]
     assert lines[4].split() == ["RESERVATION", "GROUPS", "GPUS", "OWNER", "EXPIRES"]
     assert lines[5].split() == ["train", "train-0", "5", "bob", "never"]
+
+
+def test_list_fits_the_terminal_with_long_names_and_wraps_the_queue() -> None:
+    wide = list_text(crowded_list(), [], 200)
+    assert max(map(len, wide)) > 100 and f"{LONG_NAME}2" in wide[4]  # room enough: everything in full
+    lines = list_text(crowded_list(), [], 80)
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    # the long names keep their start and their end, which tell them apart; CPUS gave way to them
+    assert lines[3].split()[0] == "a-very-...sting1" and lines[4].split()[0] == "a-very-...sting2"
+    assert lines[4].split()[1:] == ["0", "a-ver...g2-0", "primary", "running", "3", "28945", "root"]
+    assert lines[0].split() == ["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "PIDS", "OWNER"]
+    queue = lines[lines.index("queue:") + 1:]
+    assert queue[0].startswith("  #1 eval: needs 8 whole GPUs") and queue[1].startswith("      ")
+    assert " ".join(line.strip() for line in queue[:queue.index(next(q for q in queue if q.startswith("  #2")))]) == (
+        f"#1 eval: {IN_THE_WAY}")
+    at100 = list_text(crowded_list(), [], 100)  # the room left goes back to the names
+    assert at100[3].split()[0] == "a-very-long-compo...ame-for-testing1" and max(map(len, at100)) == 100
+
+
+@given(st.integers(min_value=1, max_value=200))
+def test_list_is_never_wider_than_the_terminal(width: int) -> None:
+    reservation = {"name": f"{LONG_NAME}-held", "owner": {"uid": 0, "user": "root"}, "expires_at": None,
+                   "groups": [{"id": f"{LONG_NAME}-held-0", "devices": [device(2)]}]}
+    lines = list_text(crowded_list(), [reservation], width)
+    assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
 
 
 def test_empty_list_says_how_to_start() -> None:

@@ -97,9 +97,10 @@ def pane(tmp_path: Path) -> Iterator[Callable[..., Pane]]:
 
 
 def measured_cgd(start_cgd: Callable[..., Cgd], tmp_path: Path, machine: str) -> Cgd:
-    """A cgd that samples NVML every 0.2 s, whose simulated GPU 0 sees each worker use 3000 MiB and 40%."""
+    """A cgd that samples NVML every second (its samples go stale after 3 s), whose simulated GPU 0
+    sees each worker use 3000 MiB and 40%."""
     config = tmp_path / "cgd.toml"
-    config.write_text("[health]\ninterval_s = 0.2\n")
+    config.write_text("[health]\ninterval_s = 1\n")
     cgd = start_cgd(machine, "--config", str(config))
     cgd.faults_file.write_text(json.dumps({"worker_memory_mib": {"0": 3000}, "worker_utilization_pct": {"0": 40}}))
     return cgd
@@ -192,7 +193,7 @@ def test_watch_redraws_in_place_and_ctrl_c_gives_the_terminal_back(
     cgd.stop()
     screen = p.until(lambda s: "  cgd: cgd is not running" in s[0], "the title says cgd went away")
     assert rows(screen)[7].endswith("  late:run")  # the last look stays on screen
-    # and its measurements, ageing, read stale once they are (10 s after cgd's last sample)
+    # and its measurements, ageing, read stale once they are (3 s, three of cgd's health periods, after its last sample)
     screen = p.until(lambda s: rows(s).get(0, "").split()[3:4] == ["?"] and any("! stale: GPU" in line for line in s),
                      "the last look's measurements read stale")
     assert rows(screen)[7].endswith("  late:run")
@@ -246,14 +247,16 @@ def test_top_on_seventy_two_gpus_folds_nvlink_islands_and_opens_one(
     p.run(cgd, "top")
 
     def folded(s: list[str]) -> list[str]:
-        lines = [line for line in s if line.startswith("+ ")]
-        whole = (len(lines) == 20 and "enter: open" in s[0] and lines[-1].startswith("+    71 L40S")
+        """The island lines: twelve to open, then the eight L40S without NVLink, a GPU line each."""
+        lines = [line for line in s if line.startswith("+ ") or re.match(r"^ {5}6[4-9]|^ {5}7[01]", line)]
+        whole = (len(lines) == 20 and "enter: open" in s[0] and lines[-1].startswith("     71 L40S")
                  and lines[0].startswith("+   0-7 A100 80GB") and lines[0].endswith("  train:run")
-                 and lines[-8].startswith("+    64 L40S") and lines[-8].endswith("  web:run"))
+                 and lines[-8].startswith("     64 L40S") and lines[-8].endswith("  web:run"))
         return lines if whole else []
 
-    screen = p.until(folded, "20 folded islands, train on 0-7 and web on 64")
+    screen = p.until(folded, "20 islands, 12 folded: train on 0-7 and web on 64")
     assert all(len(line) <= 80 for line in screen) and len(screen) <= 40
+    assert sum(1 for line in screen if line.split()[:1] == ["66"]) == 1  # a one-GPU island shows once
 
     p.keys("Enter")
 
@@ -265,6 +268,17 @@ def test_top_on_seventy_two_gpus_folds_nvlink_islands_and_opens_one(
 
     screen = p.until(opened, "island 0-7 opened")
     assert all(line.endswith("  train:run") for line in opened(screen)) and all(len(line) <= 80 for line in screen)
+
+    p.keys("e", "e")  # every island open (the first e closes 0-7, the second opens all): End reaches the end
+    p.until(lambda s: any(line.startswith("-  8-15") for line in s), "every island open")
+    p.keys("End")
+    screen = p.until(lambda s: re.match(r"^9/72 GPUs used \| 2 run \| ", s[-1]) is not None
+                     and rows(s).get(71, "").startswith("     71 L40S"), "the last GPU and the summary in sight")
+    total = screen[0].split()[-7].split("/")[1]
+    assert screen[0].split()[-7] == f"{int(total) - 37}-{total}/{total}" and len(screen) == 40
+    assert sum(1 for line in screen if line.split()[:1] == ["66"]) == 1
+    p.keys("Home")
+    p.until(lambda s: s[2].startswith("-   0-7 A100 80GB"), "back at the top")
 
     p.keys("q")
     screen = p.until(ended, "cgctl top ended on q")
@@ -296,3 +310,22 @@ def test_a_small_terminal_neither_wraps_nor_loses_who_is_on_a_gpu(
     assert all(len(line) <= 30 for line in p.tmux("capture-pane", "-p", "-t", "main", "-S", "-", "-E", "-").split("\n"))
     p.keys("q")
     assert p.until(ended, "ended")[0] == "EXIT=0"
+
+
+def test_events_and_list_take_the_terminals_width(cgd: Cgd, pane: Callable[..., Pane]) -> None:
+    """Cut at 160 columns on a 160-column terminal (80 only when not on a terminal); `list` at 60
+    columns fits 60."""
+    name = "a-component-with-a-name-of-38-letters-"[:38]
+    ok(cgd, "allocate", name, "--gpus", "1", "--", *SLEEPER)
+    piped = ok(cgd, "events").splitlines()
+    assert all(len(line) <= 80 for line in piped) and any(line.endswith("...") for line in piped)
+    wide = pane(160, 30)
+    wide.run(cgd, "events")
+    screen = wide.until(ended, "cgctl events ended")
+    assert "EXIT=0" in screen and any(len(line) > 80 and name in line for line in screen)
+    assert all(len(line) <= 160 for line in screen)
+    narrow = pane(60, 30)
+    narrow.run(cgd, "list")
+    screen = narrow.until(ended, "cgctl list ended")
+    assert "EXIT=0" in screen and screen[0].split()[0] == "NAME" and all(len(line) <= 60 for line in screen)
+    assert screen[1].startswith(name[:4]) and "..." in screen[1]

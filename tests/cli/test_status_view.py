@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from computegroups.cli.render import styler
+from computegroups.cli.status import stale_after
 from computegroups.cli.status_view import (
     STALE_AFTER_S,
     Board,
@@ -20,7 +21,7 @@ from computegroups.cli.status_view import (
     status_json,
     status_lines,
     summary,
-    summary_line,
+    summary_lines,
 )
 from tests.cli.samples import busy_machine, gpu, measured, owned, replica
 
@@ -32,8 +33,9 @@ def board() -> Board:
 
 
 def rows(lines: list[str]) -> dict[str, str]:
-    """The GPU lines by index, without the header."""
-    return {line.split()[0]: line for line in lines[1:] if line[:3].strip().isdigit()}
+    """The GPU lines by index, without the header (nor the summary, which may wrap at `  1 shadow`)."""
+    gpus = lines[1:lines.index("")] if "" in lines else lines[1:]
+    return {line.split()[0]: line for line in gpus if line[:3].strip().isdigit()}
 
 
 def test_models_lose_vendor_and_form_factor() -> None:
@@ -90,13 +92,24 @@ def test_old_measurements_read_as_stale_not_as_current() -> None:
     assert gpus["7"].split()[3:7] == ["?", "[??------]", "?/20.0G", "?"]
     assert gpus["2"].split()[3:7] == ["-", "[????????]", "-/79.6G", "40C"]  # never sampled: not stale
     assert summary(old)["alerts"][0] == "stale: GPU 0,1,3,4,5,7 last measured 60s ago"
-    assert summary_line(old, 80).endswith(f"| {len(summary(fresh)['alerts']) + 1} alerts")
+    assert summary_lines(old, 80)[-1].endswith(f"| {len(summary(fresh)['alerts']) + 1} alerts")
     assert "  ! stale: GPU 0,1,3,4,5,7 last measured 60s ago" in lines
     assert all(len(line) <= 80 for line in lines)
     folded = island_lines(old, [[0, 1], [2, 3, 4, 5, 6, 7]], set(), 80, plain)
     assert folded[1][1].split()[4:8] == ["?", "[????????]", "?/159G", "?"]
     g0 = status_json(old)["gpus"][0]
     assert g0["measured"] == {**measured(87, 49152, 61), "stale": True}
+
+
+def test_stale_is_three_of_the_health_loops_periods_when_cgd_says_its_period() -> None:
+    assert stale_after({"status": "ok", "last_sample": SAMPLED, "interval_s": 2.0}) == 6.0
+    assert stale_after({"interval_s": 0.5}) == 1.5
+    assert stale_after({"status": "ok", "last_sample": SAMPLED}) == STALE_AFTER_S  # an older cgd
+    assert stale_after({"interval_s": None}) == stale_after({"interval_s": 0}) == STALE_AFTER_S
+    slow = Board.of(*busy_machine(), now=SAMPLED + 20, stale_after_s=stale_after({"interval_s": 10}))
+    assert not any(a.startswith("stale") for a in summary(slow)["alerts"])  # a loop set to 10 s: 20 s is fresh
+    quick = Board.of(*busy_machine(), now=SAMPLED + 2, stale_after_s=stale_after({"interval_s": 0.5}))
+    assert summary(quick)["alerts"][0] == "stale: GPU 0,1,3,4,5,7 last measured 2s ago"
 
 
 def test_each_occupant_in_its_state() -> None:
@@ -148,14 +161,41 @@ def test_summary_counts_components_queue_and_alerts() -> None:
     assert s["components_by_state"] == {"restarting": 1, "running": 5, "shadow": 1, "pending": 1}
     assert s["alerts"] == ["GPU 6 FAILED DEGRADED: Xid 79: fell off the bus",
                            "GPU 7 FOREIGN: pid 777 (20.0 GiB)", "crash restarting"]
-    assert summary_line(board(), 80) == (
-        "6/8 GPUs used | 1 restarting, 5 run, 1 shadow | 1 reserved | 1 queued | 3 alerts")
-    assert summary_line(board(), 60) == "6/8 GPUs used | 8 components | 1 reserved | 1 queued | 3 ..."
+    assert summary_lines(board(), 80) == [
+        "6/8 GPUs used | 1 restarting, 5 run, 1 shadow | 1 reserved | 1 queued | 3 alerts"]
+
+
+def test_the_summary_counts_by_state_at_every_width_and_wraps_between_its_parts() -> None:
+    assert summary_lines(board(), 60) == ["6/8 GPUs used | 1 restarting, 5 run, 1 shadow | 1 reserved",
+                                          "| 1 queued | 3 alerts"]
+    assert summary_lines(board(), 36) == ["6/8 GPUs used | 1 restarting, 5 run,", "  1 shadow | 1 reserved | 1 queued",
+                                          "| 3 alerts"]
+    status, components, _ = busy_machine()
+    for c in components:
+        c["state"] = "running"
+    quiet = Board.of(status, components, [])
+    # counts that are zero give way before anything wraps
+    assert summary_lines(quiet, 80) == ["6/8 GPUs used | 7 run, 1 shadow | 0 reserved | 0 queued | 3 alerts"]
+    assert summary_lines(quiet, 50) == ["6/8 GPUs used | 7 run, 1 shadow | 3 alerts"]
+    # nothing allocated reads the same at every width (never `0 components`)
+    empty = Board.of({"gpus": [gpu(i) for i in range(8)]}, [], [])
+    assert summary_lines(empty, 80) == ["0/8 GPUs used | no components | 0 reserved | 0 queued | 0 alerts"]
+    assert summary_lines(empty, 60) == ["0/8 GPUs used | no components | 0 alerts"]
+    assert summary_lines(empty, 30) == ["0/8 GPUs used | no components", "| 0 alerts"]
+
+
+@given(st.integers(min_value=1, max_value=100))
+def test_the_summary_never_outgrows_the_terminal(width: int) -> None:
+    lines = summary_lines(board(), width)
+    assert all(len(line) <= width for line in lines) and all(lines)
+    if width >= 15:  # no part is cut: every count is still there
+        assert [w for w in " ".join(lines).split() if w.isdigit() or "/" in w] == [
+            "6/8", "1", "5", "1", "1", "1", "3"]
 
 
 def test_the_queue_and_what_restarts_follow_the_summary() -> None:
     lines = status_lines(board(), plain)
-    at = lines.index(summary_line(board(), 80))
+    at = lines.index(summary_lines(board(), 80)[0])
     assert lines[at + 1:at + 4] == ["  ! GPU 6 FAILED DEGRADED: Xid 79: fell off the bus",
                                     "  ! GPU 7 FOREIGN: pid 777 (20.0 GiB)", "  ! crash restarting"]
     assert lines[at + 5] == "components:"

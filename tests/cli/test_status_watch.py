@@ -7,11 +7,13 @@ import curses
 from hypothesis import given
 from hypothesis import strategies as st
 
-from computegroups.cli.status_view import Board
+from computegroups.cli.render import styler
+from computegroups.cli.status_view import Board, island_lines
 from computegroups.cli.watch import View, frame, highlights, press
 from tests.cli.samples import busy_machine, wide_machine
 
 ENTER = 10
+plain = styler(False)
 
 
 def wide() -> tuple[Board, list[list[int]]]:
@@ -97,3 +99,49 @@ def test_states_and_marks_get_their_colours_and_nothing_else() -> None:
     assert highlights("GPU MODEL     UTIL MEMORY used/claimed   TEMP  ON IT") == []
     assert highlights("  restarting  crash  bob    3 restarts") == []  # the queue's words are not tokens
     assert highlights("+  8-15 RTX A6000  0% [--------]  0.0/0.0G  35C  x:-") == []
+
+
+def synthetic() -> tuple[Board, list[list[int]]]:
+    """Like synthetic-72: islands of eight, then eight GPUs without NVLink, an island each."""
+    status, components, islands = wide_machine()
+    return Board.of(status, components, []), [*islands[:8], *([i] for i in islands[8])]
+
+
+def test_a_one_gpu_island_is_one_line_folded_or_open() -> None:
+    board, islands = synthetic()
+    for expanded in (set(), set(range(len(islands)))):
+        tagged = island_lines(board, islands, expanded, 80, plain)
+        singles = [text for n, text in tagged if n is not None and n >= 8]
+        assert [text.split()[0] for text in singles] == [str(i) for i in range(64, 72)]
+        assert singles[-1].startswith("     71 H100 80GB")  # nothing to open: no + or -
+    before = frame(board, islands, View(cursor=8), 80, 40, "t").lines
+    view = View(cursor=8)
+    press(ENTER, view, islands, True, 38)
+    assert frame(board, islands, view, 80, 40, "t").lines[1:] == before[1:]  # Enter on it opens nothing
+
+
+def test_with_every_island_open_the_end_shows_the_last_gpu_and_the_summary() -> None:
+    board, islands = synthetic()
+    view = View()
+    for key in (ord("e"), curses.KEY_END):
+        press(key, view, islands, True, 38)
+    shown = frame(board, islands, view, 80, 40, "t")
+    total = int(shown.lines[0].split()[1].split("/")[1])
+    assert shown.lines[0].split()[1] == f"{total - 37}-{total}/{total}"
+    assert shown.lines[-1].startswith("9/72 GPUs used | 9 run")
+    assert shown.lines[-3].split()[0] == "71" and view.cursor == len(islands) - 1
+    assert shown.selected is not None and shown.lines[shown.selected].split()[0] == "71"
+    # j and PgDn from the last island reach the end too, a row or a page at a time
+    view = View(expanded=set(range(len(islands))))
+    press(curses.KEY_END, view, islands, True, 38)
+    frame(board, islands, view, 80, 40, "t")
+    view.offset = 0
+    view.cursor = len(islands) - 1
+    steps = 0
+    while not frame(board, islands, view, 80, 40, "t").lines[-1].startswith("9/72 GPUs used"):
+        press(ord("j"), view, islands, True, 38)
+        steps += 1
+        assert steps < 100
+    press(curses.KEY_UP, view, islands, True, 38)  # and back up: the cursor is in sight again
+    shown = frame(board, islands, view, 80, 40, "t")
+    assert shown.selected is not None and shown.lines[shown.selected].split()[0] == "70"

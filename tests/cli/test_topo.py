@@ -13,6 +13,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from computegroups.cli.main import cli
+from computegroups.cli.topo import topo_text
+from computegroups.topology import load_machine
 from tests.daemon_fixture import nvml_present
 
 DGX1_NV1 = {(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)}
@@ -139,3 +141,65 @@ def test_installed_executable() -> None:
     done = subprocess.run([installed_cgctl(), "--simulate", "nope", "topo"], capture_output=True,
                           text=True, env=env, timeout=60, check=False)
     assert done.returncode == 1 and done.stderr.startswith("cgctl: error: nope:")
+
+
+def block_cells(output: str) -> dict[tuple[int, int], str]:
+    """The GPU x GPU cells of a matrix printed whole or in blocks: each block's head names its columns."""
+    cells: dict[tuple[int, int], str] = {}
+    heads: list[int] = []
+    for line in output.splitlines():
+        parts = line.split()
+        if line.startswith(" ") and parts and all(p.startswith("GPU") for p in parts[:1]) and parts[0][3:].isdigit():
+            heads = [int(p[3:]) for p in parts if p.startswith("GPU") and p[3:].isdigit()]
+        elif heads and parts and parts[0].startswith("GPU") and parts[0][3:].isdigit():
+            for col, cell in zip(heads, parts[1:], strict=False):
+                cells[(int(parts[0][3:]), col)] = cell
+        elif not parts:
+            heads = []
+    return cells
+
+
+def test_seventy_two_gpus_fit_80_columns_as_islands_and_the_matrix_in_blocks() -> None:
+    out = cgctl("--simulate", "synthetic-72", "topo").stdout.splitlines()
+    assert all(len(line) <= 80 for line in out), [line for line in out if len(line) > 80]
+    assert not block_cells("\n".join(out))  # no matrix: a line per NVLink island instead
+    at = out.index(next(line for line in out if line.startswith("ISLAND")))
+    assert out[at].split() == ["ISLAND", "GPUS", "MODEL", "NVLINK", "NUMA", "NEAREST", "OUTSIDE"]
+    islands = out[at + 1:at + 21]
+    assert islands[0].split() == ["0-7", "8", "A100", "80GB", "NV12,", "all", "pairs", "0", "NODE", "8-15"]
+    assert islands[1].split()[4:10] == ["NV1-NV2,", "16", "of", "28", "pairs", "0"]
+    assert islands[10].split()[4:6] == ["NV10-NV12,", "all"]  # GPU 55 has fewer links
+    assert islands[12].split() == ["64", "1", "L40S", "-", "3", "PIX", "65-67"]
+    assert any("`cgctl topo --matrix`" in line for line in out)
+    assert "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA" in out  # wrapped
+    assert "         nodes" in out
+
+    full = cgctl("--simulate", "synthetic-72", "topo", "--matrix").stdout
+    assert all(len(line) <= 80 for line in full.splitlines())
+    cells = block_cells(full)
+    assert len(cells) == 72 * 72
+    assert cells[(0, 1)] == "NV12" and cells[(55, 48)] == "NV10" and cells[(0, 71)] == "SYS"
+    assert cells[(64, 65)] == "PIX" and cells[(70, 70)] == "X"
+    assert "GPU71  SYS" in full and "CPU Affinity    NUMA Affinity" in full
+
+
+def test_eight_gpus_keep_the_matrix_as_nvidia_smi_prints_it() -> None:
+    machine = load_machine("dgx-h100")
+    wide = topo_text(machine, 200)
+    assert wide[wide.index(next(line for line in wide if line.startswith("      GPU0")))].endswith(
+        "GPU7  CPU Affinity    NUMA Affinity")
+    at80 = topo_text(machine, 80)
+    head = next(line for line in at80 if line.startswith("      GPU0"))
+    assert head.endswith("GPU7  CPU Affinity    NUMA") and len(head) <= 80  # only the head gave way
+    rows = [line for line in at80 if line.startswith("GPU") and line[3].isdigit()]
+    assert rows == [line for line in wide if line.startswith("GPU") and line[3].isdigit()] and len(rows) == 8
+    assert all(len(line) <= 80 for line in at80)
+
+
+def test_no_line_is_wider_than_the_terminal() -> None:
+    for name in ("dgx-h100", "dgx-a100-mig", "synthetic-72", "two-islands-16"):
+        machine = load_machine(name)
+        for width in (40, 60, 80, 120):
+            for matrix in (False, True):
+                lines = topo_text(machine, width, matrix)
+                assert all(len(line) <= width for line in lines), (name, width, [x for x in lines if len(x) > width])
