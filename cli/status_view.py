@@ -141,7 +141,8 @@ def marks(gpu: Doc) -> list[str]:
     if gpu.get("health") not in (None, "ok"):
         found.append(str(gpu["health"]).upper())
     found += [word for key, word in (("degraded", "DEGRADED"), ("drained", "DRAINED"),
-                                     ("foreign_processes", "FOREIGN"), ("over_share", "OVER-SHARE"))
+                                     ("foreign_processes", "FOREIGN"), ("over_share", "OVER-SHARE"),
+                                     ("held_by_lost", "HELD"))
               if gpu.get(key)]
     return found
 
@@ -237,7 +238,7 @@ def line(cells: Cells, width: int, label_width: int, style: Style, users: bool =
             + f"{memory:>10} {cells.temperature:>4}")
     if len(head) >= width:
         return head[:width].rstrip()
-    tokens = [(m, style(m, fg="yellow" if m.split()[-1] in ("DRAINED", "FOREIGN", "OVER-SHARE") else "red",
+    tokens = [(m, style(m, fg="yellow" if m.split()[-1] in ("DRAINED", "FOREIGN", "OVER-SHARE", "HELD") else "red",
                         bold=True)) for m in cells.marks]
     tokens += [(name, style(name, fg=_colour(o.state)))
                for name, o in ((_label(o, users), o) for o in cells.occupants)]
@@ -404,7 +405,9 @@ def alerts(board: Board) -> list[str]:
 
 def _why(gpu: Doc) -> list[str]:
     foreign = [f"pid {p.get('pid')} ({size(p.get('used_memory_mib'))})" for p in gpu.get("foreign_processes") or []]
-    return [*map(str, gpu.get("reasons") or []), *foreign]
+    held = [f"held by {h.get('replica')} of {h.get('user')} (lost state generation)"
+            for h in gpu.get("held_by_lost") or []]
+    return [*map(str, gpu.get("reasons") or []), *foreign, *held]
 
 
 def summary_lines(board: Board, width: int) -> list[str]:
@@ -464,10 +467,9 @@ def status_lines(board: Board, style: Style, width: int = WIDTH) -> list[str]:
     return [clip(text, width) for text in lines]
 
 
-OCCUPANT_KEYS = ("name", "user", "state", "memory_used_mib")
 GPU_KEYS = ("index", "uuid", "name", "memory_mib", "memory_allocated_mib", "memory_foreign_mib",
             "compute_allocated_pct", "exclusive_owner", "groups", "health", "reasons", "drained", "degraded",
-            "foreign_processes", "over_share", "mig_devices", "temperature_c")
+            "foreign_processes", "over_share", "held_by_lost", "mig_devices", "temperature_c")
 MEASURED_KEYS = ("utilization_gpu_pct", "utilization_memory_pct", "memory_used_mib", "temperature_c", "sampled_at")
 
 

@@ -254,7 +254,8 @@ def test_json_is_a_stable_projection() -> None:
     g0 = doc["gpus"][0]
     assert set(g0) == {"index", "uuid", "name", "memory_mib", "memory_allocated_mib", "memory_foreign_mib",
                        "compute_allocated_pct", "exclusive_owner", "components", "groups", "health", "reasons",
-                       "drained", "degraded", "foreign_processes", "over_share", "mig_devices", "temperature_c",
+                       "drained", "degraded", "foreign_processes", "over_share", "held_by_lost",
+                       "mig_devices", "temperature_c",
                        "measured", "occupants"}
     assert g0["components"] == ["web", "web-sb"]
     assert g0["measured"] == {**measured(87, 49152, 61), "stale": False}

@@ -94,6 +94,9 @@ def test_the_gpus_a_lost_generations_worker_runs_on_are_not_handed_out_until_it_
             in reply["error"]["message"]), reply
     assert cgd.cgctl("ack-state-loss").returncode == 0
     assert cgd.request("POST", "/v1/components", everything)[0] == 409, "acknowledging frees no GPU"
+    shown_text = cgd.cgctl("status").stdout
+    assert f"GPU {loss['gpus'][0]} HELD: held by lost/0 of {loss['user']} (lost state generation)" in shown_text, \
+        shown_text
     os.kill(lost, 9)
     wait_for(lambda: cgd.request("POST", "/v1/components", everything)[0] == 201, "the GPUs back once it ended",
              timeout=30)
