@@ -101,7 +101,9 @@ class StateKeeper:
     the lock go before the change is durable, so requests that arrive while
     an fsync is in flight share the next one. Nothing may act on a change
     (start or stop a process, answer a client) before `durable()` says it
-    is on disk; the manager's process steps and the API's replies wait for it.
+    is on disk; the manager's process steps and the API's replies wait for it,
+    and a commit's events reach followers only when its fsync has ended
+    (`EventLog.release`).
     """
 
     def __init__(self, machine: Machine, store: StateStore, config: DaemonConfig,
@@ -290,15 +292,19 @@ class StateKeeper:
             except StateError as exc:
                 log.critical("%s", exc)
                 raise StateUnwritable(str(exc)) from exc
+        self.events.release(self.store.durable_generation)  # before the caller answers or acts
 
     def _timed_sync(self, generation: int) -> None:
         started = time.perf_counter()
         self.store.sync(generation)
         self.instruments.state_sync_seconds.observe(time.perf_counter() - started)
+        self.events.learn_names()  # off the loop, while the events wait for this fsync anyway
 
     def _synced(self, done: asyncio.Future[None]) -> None:
+        """On the loop when an fsync ends: the events of what it made durable go out now."""
         if self._syncing is done:
             self._syncing = None
+        self.events.release(self.store.durable_generation)
 
     def _flush_soon(self) -> None:
         """Start the fsync of a change now, whether or not anyone waits for it.
@@ -311,7 +317,11 @@ class StateKeeper:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.store.sync(self.doc.generation)
+            try:
+                self.store.sync(self.doc.generation)
+            except StateError as exc:
+                raise (storage_refusal(exc) or exc) from exc
+            self.events.release(self.store.durable_generation)
             return
         if self._flusher is None or self._flusher.done():
             self._flusher = loop.create_task(self._flush())
@@ -340,16 +350,6 @@ class StateKeeper:
             assert txn.committed is not None
             self.doc = txn.committed
             self._followed = self.doc.generation
-            if txn.written:
-                self._tell(before, changed)
-                self._flush_soon()
-                if self._freed:
-                    self._freed = False
-                    self.on_freed()
-                watchers, self._watchers = self._watchers, []
-                for waiter in watchers:
-                    if not waiter.done():
-                        waiter.set_result(None)
         except StateLockedError:
             self._roll_back()
             raise
@@ -362,15 +362,33 @@ class StateKeeper:
         except BaseException:
             self._roll_back()
             raise
+        # Committed: from here on nothing may make the change look failed.
+        if txn.written:
+            self._flush_soon()
+            self._tell(before, changed)
+            if self._freed:
+                self._freed = False
+                self.on_freed()
+            watchers, self._watchers = self._watchers, []
+            for waiter in watchers:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _tell(self, before: StateDoc, changed: StateDoc) -> None:
         """The events of the commit just made (`changed`: the transaction's document, whose
-        maps remember the keys it touched)."""
+        maps remember the keys it touched), held back from followers until it is durable.
+
+        A fault in telling is logged, never raised: the change is made, and the
+        caller must be told so."""
         after = self.doc
-        for c in state_changes(before, after, touched(before.components, changed.components),
-                               touched(before.workers, changed.workers), touched(before.groups, changed.groups),
-                               self._gpu_index, self.worker_pid):
-            self.events.emit(c.type, c.message, uid=c.uid, **c.what)
+        try:
+            for c in state_changes(before, after, touched(before.components, changed.components),
+                                   touched(before.workers, changed.workers), touched(before.groups, changed.groups),
+                                   self._gpu_index, self.worker_pid):
+                self.events.emit(c.type, c.message, uid=c.uid, generation=after.generation, **c.what)
+        except Exception:
+            log.exception("telling the events of generation %d failed", after.generation)
+        self.events.release(self.store.durable_generation)
 
     def restore(self, earlier: StateDoc) -> None:
         """Commit `earlier`'s content again, under a new generation."""
