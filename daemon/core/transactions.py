@@ -190,12 +190,31 @@ class StateKeeper:
                 else:
                     self._draining.pop(gid, None)
         self.allocator.update(changes)
+        self._hold_out(doc)
+        self.allocator.set_foreign(self.foreign)
+        self._followed = doc.generation
+
+    def _hold_out(self, doc: StateDoc) -> None:
+        """The one path by which the allocator learns which GPUs take nothing new: a GPU that
+        leaves the set is capacity given back (`on_freed`), counted once, whoever changed it."""
         unavailable = self.unavailable_gpus(doc)
         self._freed = self._freed or bool(self._unavailable - unavailable)
         self._unavailable = unavailable
         self.allocator.set_unavailable(unavailable)
-        self.allocator.set_foreign(self.foreign)
-        self._followed = doc.generation
+
+    def hold_out(self, *, unhealthy: set[int] | None = None,
+                 lost_holders: dict[int, tuple[str, ...]] | None = None) -> None:
+        """Change the GPUs held out for their health or for a lost generation's workers (facts
+        of the machine, not of the state), under the lock; the queue is told at once when
+        a GPU came back."""
+        if unhealthy is not None:
+            self.unhealthy = unhealthy
+        if lost_holders is not None:
+            self.lost_holders = lost_holders
+        self._hold_out(self.doc)
+        if self._freed:
+            self._freed = False
+            self.on_freed()
 
     def _roll_back(self) -> None:
         """After a failed transaction, follow the last committed document again.
