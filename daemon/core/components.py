@@ -71,6 +71,7 @@ class Components(Groups):
                     comp = new_component_records(doc, self.keeper, request, caller)
                     if request.lease:
                         doc.components[comp.name] = replace(comp, lease_start=start_time(caller.pid))
+                granted = self.keeper.claims_placed  # none for a shadow or sharer: it attaches, places nothing
             except InsufficientCapacity as exc:
                 if not request.wait:
                     self.refused(caller, request.name, exc)
@@ -84,7 +85,8 @@ class Components(Groups):
                 self.refused(caller, request.name, exc)
                 raise
             await self.keeper.durable()
-            self.keeper.instruments.allocation_commit_seconds.observe(time.perf_counter() - started)
+            if granted:
+                self.keeper.instruments.allocation_commit_seconds.observe(time.perf_counter() - started)
             refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
             await self.start_or_undo(refs, before, f"the workers of {request.name!r}")
             self.arm_time_limit(request.name)

@@ -147,6 +147,9 @@ class StateKeeper:
         differ from what the ledger followed when the transaction began."""
         self._txn_generation = -1
         self._placed: set[str] = set()
+        self.claims_placed = 0
+        """Claims the open (or last) transaction placed: counted as granted if it commits. Attaching to groups
+        held already (a shadow, a sharer, a reservation taken) places nothing, nor does a restore."""
         self._draining: dict[str, frozenset[int]] = {}
         """The GPUs of each draining group, kept beside the ledger: nothing new goes there."""
         self._syncing: asyncio.Future[None] | None = None
@@ -360,6 +363,7 @@ class StateKeeper:
                 if doc.generation != self._followed:
                     self._follow(doc)
                 self._txn_groups, self._txn_generation, self._placed = doc.groups, doc.generation, set()
+                self.claims_placed = 0
                 yield txn
                 self._follow(txn.doc)
                 changed = txn.doc
@@ -384,6 +388,7 @@ class StateKeeper:
         # Committed: from here on nothing may make the change look failed.
         if txn.written:
             self._flush_soon()
+            self.instruments.granted(self.claims_placed)
             self._tell(before, changed)
             if self._freed:
                 self._freed = False
@@ -426,7 +431,9 @@ class StateKeeper:
         self._placed.update(group_ids)
         started = time.perf_counter()
         try:
-            return choices.place(self.allocator, claim, group_ids, owner, reserved=reserved)
+            placements = choices.place(self.allocator, claim, group_ids, owner, reserved=reserved)
+            self.claims_placed += 1
+            return placements
         except NeverFits as exc:
             raise Unsatisfiable(str(exc)) from None
         except DoesNotFitNow as exc:

@@ -199,3 +199,22 @@ def test_a_gpu_healthy_again_is_given_back_once(tmp_path: Path) -> None:
     k.hold_out(unhealthy=set())
     allocate(k, "b", Claim(memory_mib=1024))
     assert freed == [1]
+
+
+def test_only_placed_claims_count_as_granted(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+
+    def granted() -> float | None:
+        return k.instruments.registry.get_sample_value(
+            "computegroups_allocations_total", {"Hostname": k.machine.hostname, "result": "granted"})
+
+    allocate(k, "web", Claim(gpus=1))
+    before = k.doc
+    with k.transaction() as doc:
+        new_component_records(doc, k, ComponentRequest(name="side", share_with="web"), ROOT)
+        new_component_records(doc, k, ComponentRequest(name="standby", shadow_of="web"), ROOT)
+    assert granted() == 1, "a sharer and a shadow attach to groups held already"
+    k.restore(before)
+    allocate(k, "other", Claim(gpus=1))
+    k.restore(before)
+    assert granted() == 2, "putting a document back grants nothing"
