@@ -36,10 +36,10 @@ from computegroups.daemon.api.listener import CgdHTTPServer, bind_metrics, bind_
 from computegroups.daemon.api.server import CgdApp
 from computegroups.daemon.core.eventlog import EPOCH_FILE, EventLog, next_epoch
 from computegroups.daemon.core.health import HealthMonitor
+from computegroups.daemon.core.keeper import StateKeeper
 from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.metrics import StateCollector
 from computegroups.daemon.core.recovery import recover, shutdown
-from computegroups.daemon.core.transactions import StateKeeper
 from computegroups.daemon.core.workers import INSTANCE_VAR, WorkerPaths, watcher_key
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig

@@ -12,9 +12,9 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from computegroups.daemon.core.keeper import StateKeeper
 from computegroups.daemon.core.lost import LostWorker
 from computegroups.daemon.core.transactions import (
-    StateKeeper,
     dependents,
     hand_back_primary,
     remove_component,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from computegroups.daemon.core.eventlog import Event, visible_to
-from computegroups.daemon.core.transactions import Caller, StateKeeper, new_component_records
+from computegroups.daemon.core.keeper import StateKeeper
+from computegroups.daemon.core.transactions import Caller, new_component_records
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.requests import ComponentRequest

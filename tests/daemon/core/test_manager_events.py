@@ -38,7 +38,8 @@ def test_deallocating_a_group_acts_on_the_group_it_looked_at(tmp_path) -> None:
     """A group deleted and another made with its id while the deallocation waited is not the one deleted."""
     from msgspec.structs import replace
 
-    from computegroups.daemon.core.transactions import Caller, StateKeeper
+    from computegroups.daemon.core.keeper import StateKeeper
+    from computegroups.daemon.core.transactions import Caller
     from computegroups.daemon.model.claims import Claim
     from computegroups.daemon.model.config import DaemonConfig
     from computegroups.statefiles.store import StateStore

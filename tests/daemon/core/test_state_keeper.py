@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from computegroups.daemon.core.consistency import StateContradiction
-from computegroups.daemon.core.transactions import Caller, StateKeeper, attach_refs, new_component_records
+from computegroups.daemon.core.keeper import StateKeeper
+from computegroups.daemon.core.transactions import Caller, attach_refs, new_component_records
 from computegroups.daemon.core.views import component_view
 from computegroups.daemon.core.workers import binder, groups_by_replica, visible_devices
 from computegroups.daemon.model.claims import AffinityTerm, Claim
