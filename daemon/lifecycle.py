@@ -1,11 +1,19 @@
 """Assembling cgd's parts in order, and taking them apart in reverse.
 
 Start: private runtime directory, one-instance lock, machine, state,
-worker tracking (a cgroup per worker, or marks), supervisor on this loop,
-recovery of the previous run's workers (and of what they left in their
-cgroups), health loop, socket, watchdog and log rotation, READY=1.
+worker tracking (a cgroup per worker, or marks), the socket and the
+metrics address bound, supervisor on this loop, recovery of the previous
+run's workers (and of what they left in their cgroups), health loop,
+serving, watchdog and log rotation, READY=1.
 Stop: STOPPING=1, close the socket, stop the health loop, stop (or keep)
 the workers (and remove their cgroups).
+
+The listeners are bound before any worker is touched, so the commonest
+failure (an address in use) ends the start with nothing done. A start that
+fails once the supervisor runs takes the stop's path with `--keep-workers`:
+the workers recovery adopted or started are recorded in the state, keep
+running under their launch shims, and the next cgd adopts them, as after
+`cgd --keep-workers`; a fault of cgd's own start never ends a user's work.
 """
 
 from __future__ import annotations
@@ -15,20 +23,23 @@ import contextlib
 import fcntl
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+import tornado.httpserver
 
 from computegroups import __version__
 from computegroups.daemon import sdnotify
 from computegroups.daemon.api.deployments import deployment_routes
-from computegroups.daemon.api.listener import listen, listen_metrics
+from computegroups.daemon.api.listener import CgdHTTPServer, bind_metrics, bind_socket, listen, listen_metrics
 from computegroups.daemon.api.server import CgdApp
 from computegroups.daemon.core.eventlog import EPOCH_FILE, EventLog, next_epoch
 from computegroups.daemon.core.health import HealthMonitor
+from computegroups.daemon.core.keeper import StateKeeper
 from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.metrics import StateCollector
 from computegroups.daemon.core.recovery import recover, shutdown
-from computegroups.daemon.core.transactions import StateKeeper
 from computegroups.daemon.core.workers import INSTANCE_VAR, WorkerPaths, watcher_key
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
@@ -144,6 +155,11 @@ class Daemon:
     def __init__(self, opts: Options) -> None:
         self.opts = opts
         self.tasks: list[asyncio.Task] = []
+        self.manager: Manager | None = None
+        """Set once the supervisor runs: from then on a failed start has workers to leave behind."""
+        self.health: HealthMonitor | None = None
+        self.server: CgdHTTPServer | None = None
+        self.metrics_server: tornado.httpserver.HTTPServer | None = None
 
     async def start(self) -> None:
         opts = self.opts
@@ -183,6 +199,14 @@ class Daemon:
         except StateError as exc:
             store.let_go()
             raise StartupError(str(exc)) from None
+        try:
+            await self._track_and_serve(keeper)
+        except BaseException:
+            store.let_go()
+            raise
+
+    async def _track_and_serve(self, keeper: StateKeeper) -> None:
+        opts = self.opts
         worker_paths = WorkerPaths(opts.log_dir, self.runtime_dir, str(opts.state_dir.resolve()))
         try:
             tracking = choose_tracking(opts.config.worker_tracking, worker_paths.instance)
@@ -197,6 +221,49 @@ class Daemon:
             raise
 
     async def _serve(self, keeper: StateKeeper, worker_paths: WorkerPaths, tracking: Tracking) -> None:
+        sockets = self._bind()
+        try:
+            await self._recover_and_serve(keeper, worker_paths, tracking, *sockets)
+        except BaseException as exc:
+            log.error("start failed: %s", exc)
+            await self._undo_start(sockets)
+            raise
+
+    def _bind(self) -> tuple[socket.socket, list[socket.socket]]:
+        """cgd's socket and the metrics address, or StartupError before anything else is started."""
+        opts = self.opts
+        try:
+            sock = bind_socket(opts.socket, opts.system)
+        except OSError as exc:
+            raise StartupError(f"socket {opts.socket}: {exc}") from None
+        address = opts.metrics_listen or opts.config.metrics_listen
+        if not address:
+            return sock, []
+        try:
+            return sock, bind_metrics(address)
+        except OSError as exc:
+            sock.close()
+            opts.socket.unlink(missing_ok=True)
+            raise StartupError(f"metrics_listen {address}: {exc}") from None
+
+    async def _undo_start(self, sockets: tuple[socket.socket, list[socket.socket]]) -> None:
+        """After a failed start: the stop's path, keeping the workers for the next cgd (see above)."""
+        for server in (self.server, self.metrics_server):
+            if server is not None:
+                server.stop()
+        for sock in (sockets[0], *sockets[1]):
+            sock.close()
+        self.opts.socket.unlink(missing_ok=True)
+        try:
+            if self.health is not None:
+                await self.health.stop()
+            if self.manager is not None:
+                await shutdown(self.manager, keep_workers=True)
+        except Exception:
+            log.exception("stopping after the failed start failed too")
+
+    async def _recover_and_serve(self, keeper: StateKeeper, worker_paths: WorkerPaths, tracking: Tracking,
+                                 sock: socket.socket, metrics_sockets: list[socket.socket]) -> None:
         from computegroups.topology.serialize import machine_to_dict
         from computegroups.topology.telemetry import Telemetry
 
@@ -223,8 +290,8 @@ class Daemon:
             except MpsError as exc:
                 raise StartupError(str(exc)) from None
         manager = Manager(keeper, self.supervisor, worker_paths)
-        self.manager = manager
         await self.supervisor.start()
+        self.manager = manager
         report = await recover(manager)
         await self.supervisor.end_unowned(
             keep={watcher_key(*ReplicaRef.parse(lost["replica"])) for lost in manager.state_loss})
@@ -233,15 +300,9 @@ class Daemon:
         app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),
                      extra_routes=deployment_routes(Deployments(manager)))
         keeper.instruments.registry.register(StateCollector(manager, self.health, __version__))
-        self.server = listen(app, opts.socket, opts.system, opts.config.limits.connections_per_user)
-        self.metrics_server = None
-        address = opts.metrics_listen or opts.config.metrics_listen
-        if address:
-            try:
-                self.metrics_server, app.metrics_listen = listen_metrics(app, address)
-            except OSError as exc:
-                self.server.stop()
-                raise StartupError(f"metrics_listen {address}: {exc}") from None
+        self.server = listen(app, sock, opts.config.limits.connections_per_user)
+        if metrics_sockets:
+            self.metrics_server, app.metrics_listen = listen_metrics(app, metrics_sockets)
             log.info("serving /metrics on http://%s/metrics", app.metrics_listen)
         loop = asyncio.get_running_loop()
         self.tasks += [loop.create_task(self._watchdog()), loop.create_task(self._rotate_logs())]
@@ -274,6 +335,7 @@ class Daemon:
             await asyncio.sleep(ROTATE_PERIOD_S)
 
     async def stop(self) -> None:
+        assert self.manager is not None and self.health is not None and self.server is not None, "started"
         sdnotify.notify("STOPPING=1")
         log.info("stopping: %s workers", "keeping" if self.opts.keep_workers else "stopping")
         self.server.stop()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 _CACHE_S = 0.5
 """One scan serves every NVML call of a sample (memory, processes, utilization of each GPU)."""
@@ -27,7 +27,9 @@ class MarkedProcesses:
     """The GPUs each marked process uses, rescanned at most every `_CACHE_S`."""
 
     def __init__(self, mark: tuple[str, str], uuids: Mapping[str, int], count: int,
-                 proc: str = "/proc") -> None:
+                 proc: str = "/proc", clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        """What the cache's age is read from: a test that waits for a process to show moves it on."""
         self._entry = f"{mark[0]}={mark[1]}".encode()
         self._uuids = dict(uuids)
         self._count = count
@@ -36,7 +38,7 @@ class MarkedProcesses:
         self._by_gpu: dict[int, tuple[int, ...]] = {}
 
     def by_gpu(self) -> dict[int, tuple[int, ...]]:
-        now = time.monotonic()
+        now = self.clock()
         if now - self._at >= _CACHE_S:
             self._by_gpu = self._scan()
             self._at = now

@@ -280,8 +280,12 @@ class CgdHTTPServer(tornado.httpserver.HTTPServer):
             del self.per_uid[uid]
 
 
-def listen(app: CgdApp, path: Path, system: bool, max_per_uid: int = MAX_CONNECTIONS_PER_UID) -> CgdHTTPServer:
-    """Bind the socket with the right owner and mode before anyone can connect."""
+def bind_socket(path: Path, system: bool) -> socket.socket:
+    """Bind cgd's socket with the right owner and mode before anyone can connect.
+
+    Bound before cgd touches any worker, so a socket it cannot have fails the
+    start with nothing done; clients that connect before `listen` serves it
+    wait in the backlog."""
     path.parent.mkdir(parents=True, exist_ok=True)
     refuse_live_socket(path)
     mode = 0o600
@@ -299,6 +303,11 @@ def listen(app: CgdApp, path: Path, system: bool, max_per_uid: int = MAX_CONNECT
         os.umask(old)
     if group_id is not None:
         os.chown(path, -1, group_id)
+    return sock
+
+
+def listen(app: CgdApp, sock: socket.socket, max_per_uid: int = MAX_CONNECTIONS_PER_UID) -> CgdHTTPServer:
+    """Serve the API on the socket `bind_socket` bound."""
     server = CgdHTTPServer(
         app.application(), max_body_size=256 * MAX_BODY, max_header_size=64 * 1024,
         idle_connection_timeout=60, body_timeout=30, max_connections=connection_cap(), max_per_uid=max_per_uid,
@@ -307,16 +316,21 @@ def listen(app: CgdApp, path: Path, system: bool, max_per_uid: int = MAX_CONNECT
     return server
 
 
-def listen_metrics(app: CgdApp, address: str) -> tuple[tornado.httpserver.HTTPServer, str]:
-    """Serve `/metrics` on TCP for Prometheus, and nothing else: no request there has an identity.
+def bind_metrics(address: str) -> list[socket.socket]:
+    """Bind the TCP address of `/metrics` (before cgd touches any worker, as `bind_socket`).
 
-    Returns the server and the address bound (port 0 asks the kernel for one).
-    Raises OSError when the address cannot be bound.
-    """
+    Raises OSError when the address cannot be bound."""
     from computegroups.daemon.model.config import split_listen
 
     host, port = split_listen(address)
-    sockets = tornado.netutil.bind_sockets(port, host)
+    return tornado.netutil.bind_sockets(port, host)
+
+
+def listen_metrics(app: CgdApp, sockets: list[socket.socket]) -> tuple[tornado.httpserver.HTTPServer, str]:
+    """Serve `/metrics` on TCP for Prometheus, and nothing else: no request there has an identity.
+
+    Returns the server and the address bound (port 0 asks the kernel for one).
+    """
     server = tornado.httpserver.HTTPServer(app.metrics_application(), idle_connection_timeout=60,
                                            body_timeout=10, max_body_size=MAX_BODY)
     server.add_sockets(sockets)

@@ -12,9 +12,9 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from computegroups.daemon.core.keeper import StateKeeper
 from computegroups.daemon.core.lost import LostWorker
 from computegroups.daemon.core.transactions import (
-    StateKeeper,
     dependents,
     hand_back_primary,
     remove_component,
@@ -80,19 +80,20 @@ class ManagerBase:
                                               "pids": [pid for pid, _ in w.processes]})
         return out
 
-    def hold_lost_gpus(self) -> None:
-        """Forget lost workers that have ended; the GPUs the others run on stay unavailable."""
-        self.lost_workers = [w for w in self.lost_workers if w.running()]
+    def ended_lost_workers(self) -> list[LostWorker]:
+        """The lost generation's workers whose processes have all ended: reads /proc, so it is
+        asked before the lock is taken, not under it."""
+        return [w for w in self.lost_workers if not w.running()]
+
+    def hold_lost_gpus(self, ended: list[LostWorker]) -> None:
+        """Under the lock: forget the lost workers that have ended; the GPUs the others run on stay unavailable."""
+        self.lost_workers = [w for w in self.lost_workers if not any(w is e for e in ended)]
         held: dict[int, tuple[str, ...]] = {}
         for w in self.lost_workers:
             for i in w.gpus:
                 held[i] = (*held.get(i, ()), f"{w.replica} of {w.user}")
         if held != self.keeper.lost_holders:
-            freed = bool(set(self.keeper.lost_holders) - set(held))
-            self.keeper.lost_holders = held
-            self.keeper.allocator.set_unavailable(self.keeper.unavailable_gpus(self.doc))
-            if freed:
-                self.keeper.on_freed()  # the queue's cue: GPUs came back
+            self.keeper.hold_out(lost_holders=held)
 
     @property
     def doc(self) -> StateDoc:

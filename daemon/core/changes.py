@@ -46,8 +46,10 @@ def state_changes(before: StateDoc, after: StateDoc, component_keys: Iterable[st
     """The events of one commit; `gpu_index` names GPUs by index for the drained ones, and
     `worker_pid` a started worker by its own pid (the state records its launch shim's)."""
     out: list[Change] = []
+    group_keys = list(group_keys)
+    gpus = _gpus_by_component(after, group_keys)
     for name in component_keys:
-        out += _component(before.components.get(name), after.components.get(name), after)
+        out += _component(before.components.get(name), after.components.get(name), gpus.get(name, set()))
     for ref in worker_keys:
         out += _worker(before.workers.get(ref), after.workers.get(ref), after, worker_pid)
     for gid in group_keys:
@@ -62,16 +64,25 @@ def state_changes(before: StateDoc, after: StateDoc, component_keys: Iterable[st
     return out
 
 
-def _gpus(doc: StateDoc, name: str) -> list[int]:
-    return sorted({d.gpu_index for g in doc.groups.values() if g.owner == name or _uses(g, name)
-                   for d in g.devices})
+def _gpus_by_component(doc: StateDoc, group_keys: list[str]) -> dict[str, set[int]]:
+    """The GPUs of the groups the commit touched, by each component that owns or uses them.
+
+    A component allocated or placed by a commit got its groups in it (placed,
+    attached to, or taken from a reservation: all touched), so its GPUs are
+    found there, at the cost of what the commit changed rather than of every
+    group of the state for each component."""
+    out: dict[str, set[int]] = {}
+    for gid in group_keys:
+        g = doc.groups.get(gid)
+        if g is None:
+            continue
+        gpus = {d.gpu_index for d in g.devices}
+        for name in {g.owner, *(u.rpartition("/")[0] or u for u in g.users)}:
+            out.setdefault(name, set()).update(gpus)
+    return out
 
 
-def _uses(g: GroupRecord, name: str) -> bool:
-    return any(u == name or u.startswith(name + "/") for u in g.users)
-
-
-def _component(old: ComponentRecord | None, new: ComponentRecord | None, doc: StateDoc) -> list[Change]:
+def _component(old: ComponentRecord | None, new: ComponentRecord | None, gpu_set: set[int]) -> list[Change]:
     out: list[Change] = []
     placed = old is not None and new is not None and old.state == ComponentState.PENDING and new.state not in (
         ComponentState.PENDING, ComponentState.RELEASING, *ENDED)
@@ -88,13 +99,13 @@ def _component(old: ComponentRecord | None, new: ComponentRecord | None, doc: St
             out.append(Change("queued", f"{new.name} queued: {new.pending_reason}", new.owner_uid,
                               {**what, "reason": new.pending_reason}))
         else:
-            gpus = _gpus(doc, new.name)
+            gpus = sorted(gpu_set)
             out.append(Change("allocated", f"{new.name} allocated on GPU {_list(gpus)}", new.owner_uid,
                               {**what, "gpus": gpus, "replicas": new.replicas, "shadow_of": new.shadow_of,
                                "share_with": new.spec.share_with, "deployment": new.deployment}))
         return out
     if placed:
-        gpus = _gpus(doc, new.name)
+        gpus = sorted(gpu_set)
         out.append(Change("placed", f"{new.name} placed on GPU {_list(gpus)}", new.owner_uid, {**what, "gpus": gpus}))
     if new.state in ENDED and old.state not in ENDED:
         outcome = str(new.state)

@@ -71,6 +71,7 @@ class Components(Groups):
                     comp = new_component_records(doc, self.keeper, request, caller)
                     if request.lease:
                         doc.components[comp.name] = replace(comp, lease_start=start_time(caller.pid))
+                granted = self.keeper.claims_placed  # none for a shadow or sharer: it attaches, places nothing
             except InsufficientCapacity as exc:
                 if not request.wait:
                     self.refused(caller, request.name, exc)
@@ -84,7 +85,8 @@ class Components(Groups):
                 self.refused(caller, request.name, exc)
                 raise
             await self.keeper.durable()
-            self.keeper.instruments.allocation_commit_seconds.observe(time.perf_counter() - started)
+            if granted:
+                self.keeper.instruments.allocation_commit_seconds.observe(time.perf_counter() - started)
             refs = sorted(ref for ref, w in self.doc.workers.items() if w.component == request.name)
             await self.start_or_undo(refs, before, f"the workers of {request.name!r}")
             self.arm_time_limit(request.name)
@@ -179,6 +181,12 @@ class Components(Groups):
         or the component's release when it is the only one; an all-replicas
         group is what every replica runs on, so the component is released. A
         deployment's group is the deployment's to change.
+
+        A deletion and a reservation's release stop no process: they are done
+        under the lock the decision was made under, so nothing that came
+        between (the group deleted and another made with its id) is acted on.
+        A scale-in or a release stops workers outside the lock, and checks
+        with `only_from` that the component is still as it was seen.
         """
         async with self.keeper.lock:
             g = self.group_record(gid)
@@ -189,10 +197,12 @@ class Components(Groups):
                                  f"(`cgctl scale`, `cgctl apply`, `cgctl delete {deployment}`)")
             comp = self.doc.components.get(g.owner)
             if standalone(g):
-                action, replicas = "deleted", None
-            elif g.owner in self.doc.reservations:
-                action, replicas = "reservation released", None
-            elif comp is None:
+                done = self.delete_group_locked(caller, gid)
+                return {"deallocated": gid, "action": "deleted", "owner": g.owner, "result": done}
+            if g.owner in self.doc.reservations:
+                done = self.unreserve_locked(caller, g.owner)
+                return {"deallocated": gid, "action": "reservation released", "owner": g.owner, "result": done}
+            if comp is None:
                 raise Conflict(f"group {gid!r} belongs to {g.owner!r}, which is being released")
             elif g.scope == Scope.PER_REPLICA and g.replica is not None and comp.replicas > 1:
                 last = comp.replicas - 1
@@ -204,12 +214,8 @@ class Components(Groups):
                 action, replicas = "scaled in", last
             else:
                 action, replicas = "component released", None
-            count = comp.replicas if comp is not None else None
-        if action == "deleted":
-            done = await self.delete_group(caller, gid)
-        elif action == "reservation released":
-            done = await self.unreserve(caller, g.owner)
-        elif replicas is not None:
+            count = comp.replicas
+        if replicas is not None:
             done = await self.scale(caller, g.owner, replicas, only_from=replicas + 1)
         else:
             done = await self.release(caller, g.owner, only_from=count)

@@ -12,14 +12,21 @@ cgd has an epoch, counted up and written once at start
 `epoch * EPOCH_SPAN + n`, n counting from 1. So they only grow across
 restarts, and a client holding a number of an earlier run learns from the
 `gap` event that the rest of that run is gone.
+
+Nothing may act on a change before it is durable, and a follower acts on
+what it reads: so an event of a commit is held back (numbered, kept and
+streamed) until the commit's generation is on disk (`release`, called
+from the fsync's completion). Counters still count it at commit
+(`subscribe`). An event not tied to a commit that comes while some are
+held waits behind them, so the stream stays in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
+import logging
 import os
 import pwd
 import time
@@ -37,6 +44,8 @@ DEFAULT_KEEP = 10_000
 EPOCH_FILE = "events.epoch"
 
 Event = dict[str, Any]
+
+log = logging.getLogger("cgd.events")
 
 
 def next_epoch(state_dir: Path) -> int:
@@ -66,10 +75,11 @@ def next_epoch(state_dir: Path) -> int:
 
 
 class EventLog:
-    """The ring of recent events and the waiters for the next one.
+    """The ring of recent events, the events held until their commit is durable, and the
+    waiters for the next one.
 
-    `emit` is synchronous and cheap (a dict into a deque, waiters woken), so
-    the core calls it inside its decisions without awaiting anything.
+    `emit` is synchronous and cheap (a dict into a list or a deque, waiters
+    woken), so the core calls it inside its decisions without awaiting anything.
     """
 
     def __init__(self, epoch: int = 0, keep: int = DEFAULT_KEEP,
@@ -79,25 +89,80 @@ class EventLog:
         self.last_seq = self.base
         self.clock = clock
         self._ring: deque[Event] = deque(maxlen=keep)
+        self._held: list[tuple[int, Event]] = []
+        """(generation, event): the events of commits not yet durable, in commit order."""
+        self._durable = -1
+        """The last generation `release` was told is durable."""
+        self._names: dict[int, str] = {}
+        """Logins by uid: looked up off the event loop (`learn_names`) where the commit's fsync runs."""
+        self._unknown: deque[int] = deque()
+        """Uids of held events whose login is not known yet (a deque: `learn_names` pops from a thread)."""
         self._waiters: list[asyncio.Future[None]] = []
         self._subscribers: list[Callable[[Event], None]] = []
         self.closed = False
         """Set when cgd stops: followers end their streams."""
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
-        """Call `callback` with every event from now on (the metrics count them)."""
+        """Call `callback` with every event from now on, as it is emitted (the metrics count them).
+
+        The event has no `seq` yet when it is held for its commit's fsync."""
         self._subscribers.append(callback)
 
-    def emit(self, type_: str, message: str, *, uid: int | None = None, **what: Any) -> Event:
-        """Record one event: `uid` is whose it is (None: the machine's, seen by everyone)."""
-        self.last_seq += 1
-        event: Event = {"seq": self.last_seq, "time": self.clock(), "type": type_, "uid": uid,
-                        "user": _user(uid), **what, "message": message}
-        self._ring.append(event)
+    def emit(self, type_: str, message: str, *, uid: int | None = None, generation: int | None = None,
+             **what: Any) -> Event:
+        """Record one event: `uid` is whose it is (None: the machine's, seen by everyone); `generation`
+        the commit it tells of, held back from followers until `release` says it is durable."""
+        event: Event = {"seq": None, "time": self.clock(), "type": type_, "uid": uid, "user": None,
+                        **what, "message": message}
         for callback in self._subscribers:
-            callback(event)
-        self.wake()
+            try:
+                callback(event)
+            except Exception:  # a subscriber's fault must not undo or hide what happened
+                log.exception("an event subscriber failed on %s", type_)
+        if generation is not None and generation > self._durable:
+            self._held.append((generation, event))
+        elif self._held:
+            self._held.append((self._held[-1][0], event))
+        else:
+            self._publish(event)
+            self.wake()
+            return event
+        if uid is not None and uid not in self._names:
+            self._unknown.append(uid)
         return event
+
+    def release(self, durable: int) -> None:
+        """Publish the held events of every generation up to `durable`, now on disk."""
+        self._durable = max(self._durable, durable)
+        n = 0
+        while n < len(self._held) and self._held[n][0] <= self._durable:
+            self._publish(self._held[n][1])
+            n += 1
+        if n:
+            del self._held[:n]
+            self.wake()
+
+    def learn_names(self) -> None:
+        """Look up the logins of held events' owners: blocking (NSS may ask a directory server),
+        so it runs in a worker thread, beside the fsync that holds those events back."""
+        while self._unknown:
+            try:
+                uid = self._unknown.popleft()
+            except IndexError:
+                return
+            if uid not in self._names:
+                self._names[uid] = _lookup(uid)
+
+    def _publish(self, event: Event) -> None:
+        self.last_seq += 1
+        event["seq"] = self.last_seq
+        uid = event["uid"]
+        if uid is not None:
+            name = self._names.get(uid)
+            if name is None:  # not looked up off the loop (an event no commit held): once per uid
+                name = self._names[uid] = _lookup(uid)
+            event["user"] = name
+        self._ring.append(event)
 
     def wake(self) -> None:
         """Wake every waiter, to look again (a new event, a follower gone, cgd stopping)."""
@@ -146,13 +211,14 @@ class EventLog:
         if reason is not None:
             gap = {"seq": None, "time": self.clock(), "type": "gap", "uid": None, "user": None,
                    "after": given, "next": first, "message": f"missed events: {reason}"}
-        if seq is None or seq < first:
-            skip = 0
-        elif seq >= self.last_seq:
+        if seq is not None and seq >= self.last_seq:
             return [], gap
-        else:
-            skip = seq - first + 1  # numbers within a run have no holes: the ring is indexed by them
-        return [e for e in itertools.islice(self._ring, skip, None) if visible(e)], gap
+        if seq is not None and seq >= first:
+            # Numbers within a run have no holes: the newest `last_seq - seq` are the ones after `seq`,
+            # taken from the right, so a follower that keeps up costs what it reads, not the ring's size.
+            newest = list(itertools.islice(reversed(self._ring), self.last_seq - seq))
+            return [e for e in reversed(newest) if visible(e)], gap
+        return [e for e in self._ring if visible(e)], gap
 
     async def wait(self, seq: int, timeout: float) -> None:
         """Return once an event after `seq` is emitted, or after `timeout` seconds."""
@@ -169,11 +235,8 @@ class EventLog:
                 self._waiters.remove(waiter)
 
 
-@functools.lru_cache(maxsize=256)
-def _user(uid: int | None) -> str | None:
+def _lookup(uid: int) -> str:
     """A login for the event's reader; the uid as text when it has none."""
-    if uid is None:
-        return None
     try:
         return pwd.getpwuid(uid).pw_name
     except KeyError:

@@ -42,13 +42,17 @@ class Groups(Jobs):
 
     async def unreserve(self, caller: Caller, name: str) -> dict[str, Any]:
         async with self.keeper.lock:
-            res = self.doc.reservations.get(name)
-            if res is None:
-                raise NotFound(f"no reservation named {name!r}")
-            check_owner(caller, res.owner_uid, f"reservation {name!r}")
-            with self.keeper.transaction() as doc:
-                groups = release_reservation(doc, name)
-            return {"released": name, "groups": groups}
+            return self.unreserve_locked(caller, name)
+
+    def unreserve_locked(self, caller: Caller, name: str) -> dict[str, Any]:
+        """`unreserve` for a caller that holds the lock since it looked (no process to stop)."""
+        res = self.doc.reservations.get(name)
+        if res is None:
+            raise NotFound(f"no reservation named {name!r}")
+        check_owner(caller, res.owner_uid, f"reservation {name!r}")
+        with self.keeper.transaction() as doc:
+            groups = release_reservation(doc, name)
+        return {"released": name, "groups": groups}
 
     async def create_group(self, caller: Caller, claim: Claim) -> dict[str, Any]:
         async with self.keeper.lock:
@@ -69,17 +73,21 @@ class Groups(Jobs):
 
     async def delete_group(self, caller: Caller, gid: str) -> dict[str, Any]:
         async with self.keeper.lock:
-            g = self.group_record(gid)
-            check_owner(caller, g.owner_uid, f"group {gid!r}")
-            if not standalone(g):
-                raise Conflict(f"group {gid!r} belongs to {g.owner!r}: release that instead")
-            if g.users:
-                users = sorted({component_of(u) for u in g.users})
-                raise Conflict(f"group {gid!r} is in use by {', '.join(repr(u) for u in users)} "
-                               f"({', '.join(g.users)}): release {'it' if len(users) == 1 else 'them'} first")
-            with self.keeper.transaction() as doc:
-                del doc.groups[gid]
-            return {"released": gid}
+            return self.delete_group_locked(caller, gid)
+
+    def delete_group_locked(self, caller: Caller, gid: str) -> dict[str, Any]:
+        """`delete_group` for a caller that holds the lock since it looked (no process to stop)."""
+        g = self.group_record(gid)
+        check_owner(caller, g.owner_uid, f"group {gid!r}")
+        if not standalone(g):
+            raise Conflict(f"group {gid!r} belongs to {g.owner!r}: release that instead")
+        if g.users:
+            users = sorted({component_of(u) for u in g.users})
+            raise Conflict(f"group {gid!r} is in use by {', '.join(repr(u) for u in users)} "
+                           f"({', '.join(g.users)}): release {'it' if len(users) == 1 else 'them'} first")
+        with self.keeper.transaction() as doc:
+            del doc.groups[gid]
+        return {"released": gid}
 
     async def drain_group(self, caller: Caller, gid: str) -> dict[str, Any]:
         async with self.keeper.lock:

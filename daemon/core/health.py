@@ -171,7 +171,11 @@ def health_events(previous: Mapping[int, GpuSample], now: tuple[GpuSample, ...],
             if p is None or not p.lost:
                 out.append((s, "lost", 1))
             continue
-        ecc = (s.ecc_uncorrected or 0) - ((p.ecc_uncorrected or 0) if p is not None else 0)
+        # NVML's count is since the driver loaded: only a rise between two known readings is new
+        # (the first sample, or one after an unknown reading, holds errors counted or not before).
+        ecc = 0
+        if p is not None and s.ecc_uncorrected is not None and p.ecc_uncorrected is not None:
+            ecc = s.ecc_uncorrected - p.ecc_uncorrected
         if ecc > 0:
             out.append((s, "ecc", ecc))
         hot = s.temperature_c is not None and s.temperature_c >= max_temperature_c

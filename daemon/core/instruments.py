@@ -41,7 +41,8 @@ class Instruments:
         host = ["Hostname"]
         self.allocations = Counter(
             "computegroups_allocations", "Claims decided, by result: granted (placed at once, or "
-            "later from the queue), queued (waiting for capacity) or refused (does not fit).",
+            "later from the queue; attaching to groups already held places nothing and is not counted), "
+            "queued (waiting for capacity) or refused (does not fit).",
             [*host, "result"], registry=r)
         self.decision_seconds = Histogram(
             "computegroups_allocation_decision_seconds", "Time the placement engine took to decide one "
@@ -81,13 +82,17 @@ class Instruments:
         for cause in ("exit_zero", "exit_nonzero", "signal", "unknown"):
             self.worker_exits.labels(hostname, cause)
 
+    def granted(self, claims: int) -> None:
+        """Claims a commit placed (the keeper counts its placements: an `allocated` event is also
+        told for shadows and sharers, which place nothing, and for a restored document)."""
+        if claims:
+            self.allocations.labels(self.hostname, "granted").inc(claims)
+
     def count(self, event: Event) -> None:
         """Subscribed to the event bus: the counters an event makes."""
         kind = event["type"]
         self.events.labels(self.hostname, kind).inc()
-        if kind in ("allocated", "placed"):
-            self.allocations.labels(self.hostname, "granted").inc()
-        elif kind in ("queued", "refused"):
+        if kind in ("queued", "refused"):
             self.allocations.labels(self.hostname, kind).inc()
         elif kind == "worker_started":
             self.worker_starts.inc()

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from msgspec.structs import replace
 
+from computegroups.daemon.core.keeper import StateKeeper
 from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
     Caller,
-    StateKeeper,
     check_components_limit,
     check_owner,
     detach_refs,

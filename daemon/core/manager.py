@@ -14,8 +14,9 @@ from __future__ import annotations
 from computegroups.daemon.core.components import Components
 from computegroups.daemon.core.events import WorkerEvents
 from computegroups.daemon.core.groups import Groups
+from computegroups.daemon.core.keeper import StateKeeper
 from computegroups.daemon.core.queries import Queries
-from computegroups.daemon.core.transactions import Caller, StateKeeper
+from computegroups.daemon.core.transactions import Caller
 from computegroups.daemon.core.upkeep import Upkeep
 from computegroups.daemon.core.workers import WorkerPaths, watcher_key
 from computegroups.daemon.supervision.supervisor import Supervisor

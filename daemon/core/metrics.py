@@ -120,8 +120,11 @@ class StateCollector(Collector):
         used = GaugeMetricFamily("computegroups_worker_gpu_memory_used_bytes", "Device memory a worker "
                                  "(with its children) used on the GPU at the health loop's last sample.",
                                  labels=[*names, *GPU_LABELS])
+        known = {g.index: g for g in machine.gpus}
         for index, by_ref in sorted(self.health.used_by_replica().items()):
-            gpu = machine.gpu(index)
+            gpu = known.get(index)
+            if gpu is None:
+                continue  # NVML lists a GPU discovery did not: not one cgd manages, and no reason to fail a scrape
             for ref, mib in sorted(by_ref.items()):
                 comp = doc.components.get(component_of(ref))
                 user = user_name(comp.owner_uid) if comp is not None else ""

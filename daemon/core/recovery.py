@@ -167,7 +167,7 @@ async def recover(manager: Manager) -> RecoveryReport:
                       "with `cgctl ack-state-loss` once looked at", lost_worker.replica,
                       ", ".join(str(pid) for pid, _ in lost_worker.processes), lost_worker.user,
                       ",".join(map(str, lost_worker.gpus)) or "none")
-        manager.hold_lost_gpus()
+        manager.hold_lost_gpus(manager.ended_lost_workers())
         # A `cgctl run` command is cgctl's child, not a worker: it has no worker record, and its lease
         # (alive, or released by the upkeep with what it left) decides when it ends.
         leases = {n for n, c in keeper.doc.components.items() if c.lease_pid and n not in releasing}

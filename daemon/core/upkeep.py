@@ -59,12 +59,12 @@ class Upkeep(ManagerBase):
         self.keeper.foreign = foreign
         self.keeper.allocator.set_foreign(foreign)
         failed = {i for i, f in facts.items() if f.health != "ok"}
+        ended = self.ended_lost_workers() if self.lost_workers else []
         async with self.keeper.lock:
-            if self.lost_workers:
-                self.hold_lost_gpus()
+            if ended:
+                self.hold_lost_gpus(ended)
             self._tell_health(self.keeper.unhealthy, failed, facts)
-            self.keeper.unhealthy = failed
-            self.keeper.allocator.set_unavailable(self.keeper.unavailable_gpus(self.doc))
+            self.keeper.hold_out(unhealthy=failed)
             uuids = {self.keeper.machine.gpu(i).uuid for i in failed}
             newly = uuids - set(self.doc.drained)
             hit = [g.id for g in self.doc.groups.values()

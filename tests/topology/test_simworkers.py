@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import pytest
 
 from computegroups.topology import simulated_gateway
 from computegroups.topology.fakenvml import FakeNvml
+from computegroups.topology.simworkers import MarkedProcesses
 from computegroups.topology.telemetry import Telemetry
 
 MARK = ("CG_INSTANCE", f"/test-simworkers-{uuid.uuid4()}")
@@ -67,12 +69,15 @@ def test_workers_are_listed_where_they_run(workers: dict[str, int], tmp_path: Pa
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps({"worker_memory_mib": {"1": 700, "2": 300}, "worker_utilization_pct": {"1": 35}}))
     fake = FakeNvml("dgx-h100", faults_file=faults, worker_mark=MARK)
+    hours = itertools.count(0.0, 3600.0)
+    assert fake._marked is not None
+    fake._marked.clock = lambda: next(hours)  # each sample an hour after the last: each scans /proc afresh
     deadline = time.monotonic() + 10
     while True:
         s = sample(fake)
         if {p.pid for p in s[1].processes} == {workers["child"]} or time.monotonic() > deadline:
             break
-        time.sleep(0.6)  # the scan is cached for half a second
+        time.sleep(0.02)
     assert [(p.pid, p.used_memory_mib) for p in s[1].processes] == [(workers["child"], 700)], \
         "the leaf only, and not another cgd's worker"
     assert s[1].memory_used_mib == 700 and s[1].utilization_pct == 35
@@ -84,3 +89,23 @@ def test_workers_are_listed_where_they_run(workers: dict[str, int], tmp_path: Pa
 def test_without_simulate_or_faults_no_worker_is_listed(workers: dict[str, int]) -> None:
     s = sample(FakeNvml("dgx-h100", worker_mark=MARK))
     assert all(g.processes == () for g in s)
+
+
+def test_one_scan_serves_the_calls_of_one_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [100.0]
+    marked = MarkedProcesses(MARK, {}, 8, proc=str(tmp_path), clock=lambda: now[0])
+    scans: list[float] = []
+    real = marked._scan
+
+    def scan() -> dict[int, tuple[int, ...]]:
+        scans.append(now[0])
+        return real()
+
+    monkeypatch.setattr(marked, "_scan", scan)
+    marked.by_gpu()
+    now[0] += 0.1
+    marked.by_gpu()
+    assert scans == [100.0], "within the cache period: the first scan's answer"
+    now[0] += 1.0
+    marked.by_gpu()
+    assert scans == [100.0, 101.1]

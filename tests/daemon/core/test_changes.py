@@ -70,3 +70,13 @@ def test_restarts_promotions_and_drains() -> None:
     assert changes(before, after) == [
         ("promoted", "standby", 1000), ("restarted", "web", 1000), ("drained", "web-0", 1000),
         ("drained", UUIDS[1], None), ("undrained", UUIDS[2], None)]
+
+
+def test_an_allocated_components_gpus_come_from_the_groups_its_commit_touched() -> None:
+    before = populated_doc()
+    after = copy.deepcopy(before)
+    after.components["side"] = replace(before.components["web"], name="side", deployment=None, created=2.0)
+    web0 = after.groups["web-0"]
+    after.groups["web-0"] = replace(web0, users=(*web0.users, "side/0"))  # a sharer attached: touched
+    found = state_changes(before, after, ["side"], [], ["web-0"], INDEX)
+    assert [(c.type, c.what["gpus"]) for c in found] == [("allocated", [d.gpu_index for d in web0.devices])]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -83,11 +84,42 @@ def test_a_waiter_wakes_at_the_next_event_and_subscribers_see_each() -> None:
     seen: list[str] = []
     log.subscribe(lambda e: seen.append(e["type"]))
 
-    async def scenario() -> bool:
+    async def scenario() -> None:
         waiting = asyncio.ensure_future(log.wait(log.last_seq, timeout=30))
-        await asyncio.sleep(0)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not waiting.done(), "no event yet: the waiter waits"
         log.emit("queued", "q", uid=None)
-        await asyncio.wait_for(waiting, 5)
-        return waiting.done()
+        await asyncio.wait_for(waiting, 5)  # within 5 s, not at its 30 s timeout
 
-    assert asyncio.run(scenario()) and seen == ["queued"]
+    asyncio.run(scenario())
+    assert seen == ["queued"]
+
+
+def test_a_follower_reads_only_what_came_after_its_number_in_a_full_ring() -> None:
+    log = EventLog(epoch=1, keep=50)
+    seqs = [log.emit("worker_started", str(i), uid=None)["seq"] for i in range(120)]
+    for since in (seqs[70], seqs[-2], seqs[-1], seqs[100]):
+        found, gap = log.after(since, EVERYONE)
+        assert [e["seq"] for e in found] == [s for s in seqs if s > since] and gap is None
+
+
+def test_a_held_events_owner_is_looked_up_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from computegroups.daemon.core import eventlog
+
+    where: list[str] = []
+
+    def lookup(uid: int) -> str:
+        where.append(threading.current_thread().name)
+        return f"user{uid}"
+
+    monkeypatch.setattr(eventlog, "_lookup", lookup)
+    log = EventLog()
+    log.emit("allocated", "a", uid=1234, generation=3)
+    worker = threading.Thread(target=log.learn_names, name="fsync")
+    worker.start()
+    worker.join()
+    log.release(3)
+    log.emit("allocated", "b", uid=1234)
+    assert [e["user"] for e in log.after(None, EVERYONE)[0]] == ["user1234", "user1234"]
+    assert where == ["fsync"], "once, and not on the loop's thread"

@@ -97,3 +97,15 @@ def test_health_events_count_what_is_new_in_a_sample() -> None:
     again = {s.index: s for s in now}
     assert health_events(again, tuple(again.values()), 90) == [
         (now[0], "xid", 2)], "a GPU still lost, still hot, still pending is not counted again (Xids are new ones)"
+
+
+def test_old_ecc_errors_are_not_counted_as_new() -> None:
+    from computegroups.daemon.core.health import health_events
+
+    old = (sample(0, ecc_uncorrected=12), sample(1, ecc_uncorrected=12))
+    assert health_events({}, old, 90) == [], "a first sample's errors happened before cgd looked"
+    unknown = {0: sample(0, ecc_uncorrected=None), 1: sample(1, ecc_uncorrected=12)}
+    assert health_events(unknown, old, 90) == [], "after an unknown reading, nothing is known to be new"
+    later = (sample(0, ecc_uncorrected=None), sample(1, ecc_uncorrected=14))
+    assert [(s.index, kind, n) for s, kind, n in health_events({s.index: s for s in old}, later, 90)] == [
+        (1, "ecc", 2)]

@@ -16,7 +16,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from msgspec.structs import replace
 
-from computegroups.daemon.core.transactions import Caller, StateKeeper, new_component_records, remove_component
+from computegroups.daemon.core.keeper import StateKeeper
+from computegroups.daemon.core.transactions import Caller, new_component_records, remove_component
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.enums import GroupState

@@ -131,13 +131,13 @@ def test_metrics_over_the_socket_and_tcp_match_the_state(start_cgd, tmp_path: Pa
                  gpu="0") == 2048 * mib
     assert value(found, "computegroups_allocations_total", result="refused") == 1
     assert value(found, "computegroups_allocations_total", result="queued") == 1
-    assert value(found, "computegroups_allocations_total", result="granted") == 4  # train, half, web, web-standby
+    assert value(found, "computegroups_allocations_total", result="granted") == 3  # not the shadow
     assert value(found, "computegroups_shadow_promotions_total") == 1
     assert value(found, "computegroups_shadow_promotion_seconds_count") == 1
     assert value(found, "computegroups_worker_exits_total", cause="signal") == 1
     assert value(found, "computegroups_worker_starts_total") >= 4  # and the old primary again, as a shadow
     assert value(found, "computegroups_allocation_decision_seconds_count") >= 3
-    assert value(found, "computegroups_allocation_commit_seconds_count") == 4  # the granted ones only
+    assert value(found, "computegroups_allocation_commit_seconds_count") == 3  # the granted ones only
     assert value(found, "computegroups_components", state="pending") == 1
     assert value(found, "computegroups_components", state="running") == 3
     assert value(found, "computegroups_components", state="allocated") == 1
@@ -179,6 +179,33 @@ def test_metrics_listen_is_off_by_default_and_a_bad_address_is_refused(start_cgd
         busy.cleanup()
     finally:
         taken.close()
+
+
+def test_a_metrics_address_in_use_ends_the_start_before_any_worker_is_touched(start_cgd, tmp_path: Path) -> None:
+    root = tmp_path / "cgd"
+    first = start_cgd("dgx-h100", root=root)
+    status, reply = first.request("POST", "/v1/components", {"name": "svc", "claim": {"gpus": 1}, "command": WORKER})
+    assert status == 201, reply
+    wait_for(first.worker_pids, "the worker running")
+    assert first.stop() == 0
+    assert first.worker_pids() == [], "stopped with cgd: the next cgd must start it again"
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        busy = Cgd(root, "dgx-h100", ("--metrics-listen", f"127.0.0.1:{port}"))
+        with pytest.raises(RuntimeError, match=f"metrics_listen 127.0.0.1:{port}"):
+            busy.start(timeout=20)
+        assert busy.proc is not None and busy.proc.returncode == 3
+        assert f"cgd: error: metrics_listen 127.0.0.1:{port}" in busy.log()
+        assert busy.worker_pids() == [], "nothing started and left running without a cgd"
+        assert not busy.socket.exists(), "no socket left behind"
+    finally:
+        taken.close()
+    again = start_cgd("dgx-h100", root=root)
+    wait_for(again.worker_pids, "the next cgd starts the worker")
+    assert again.request("GET", "/v1/components/svc")[1]["state"] == "running"
 
 
 def follow(cgd: Cgd, into: list[dict[str, Any]], until: str) -> threading.Thread:

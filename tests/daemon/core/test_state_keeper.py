@@ -10,7 +10,8 @@ import msgspec
 import pytest
 
 from computegroups.daemon.core.consistency import StateContradiction
-from computegroups.daemon.core.transactions import Caller, StateKeeper, attach_refs, new_component_records
+from computegroups.daemon.core.keeper import StateKeeper
+from computegroups.daemon.core.transactions import Caller, attach_refs, new_component_records
 from computegroups.daemon.core.views import component_view
 from computegroups.daemon.core.workers import binder, groups_by_replica, visible_devices
 from computegroups.daemon.model.claims import AffinityTerm, Claim
@@ -167,3 +168,54 @@ def test_one_user_may_hold_only_so_many_components(tmp_path: Path) -> None:
 def test_priorities_are_bounded() -> None:
     with pytest.raises(ModelError, match="priority"):
         parse_component({"name": "x", "claim": {"gpus": 1, "priority": 1001}})
+
+
+def test_a_gpu_a_lost_worker_held_is_given_back_once(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from computegroups.daemon.core.base import ManagerBase
+    from computegroups.daemon.core.lost import LostWorker
+
+    k = keeper(tmp_path)
+    freed: list[int] = []
+    k.on_freed = lambda: freed.append(1)
+    lost = LostWorker(replica="lost/0", user="alice", devices="0", gpus=(0,), processes=[])
+    manager: Any = SimpleNamespace(keeper=k, lost_workers=[lost])
+    ManagerBase.hold_lost_gpus(manager, [])
+    assert k.unavailable_reasons(k.doc)[0].startswith("held by lost/0 of alice")
+    allocate(k, "a", Claim(memory_mib=1024))  # a commit follows the document while GPU 0 is held
+    assert 0 not in {d.gpu_index for g in k.doc.groups.values() for d in g.devices}
+    ManagerBase.hold_lost_gpus(manager, [lost])
+    assert manager.lost_workers == [] and freed == [1], "the queue is told GPU 0 came back"
+    allocate(k, "b", Claim(memory_mib=1024))
+    assert freed == [1], "and told once: the next commit sees no second freeing"
+
+
+def test_a_gpu_healthy_again_is_given_back_once(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+    freed: list[int] = []
+    k.on_freed = lambda: freed.append(1)
+    k.hold_out(unhealthy={3})
+    allocate(k, "a", Claim(memory_mib=1024))
+    k.hold_out(unhealthy=set())
+    allocate(k, "b", Claim(memory_mib=1024))
+    assert freed == [1]
+
+
+def test_only_placed_claims_count_as_granted(tmp_path: Path) -> None:
+    k = keeper(tmp_path)
+
+    def granted() -> float | None:
+        return k.instruments.registry.get_sample_value(
+            "computegroups_allocations_total", {"Hostname": k.machine.hostname, "result": "granted"})
+
+    allocate(k, "web", Claim(gpus=1))
+    before = k.doc
+    with k.transaction() as doc:
+        new_component_records(doc, k, ComponentRequest(name="side", share_with="web"), ROOT)
+        new_component_records(doc, k, ComponentRequest(name="standby", shadow_of="web"), ROOT)
+    assert granted() == 1, "a sharer and a shadow attach to groups held already"
+    k.restore(before)
+    allocate(k, "other", Claim(gpus=1))
+    k.restore(before)
+    assert granted() == 2, "putting a document back grants nothing"
