@@ -23,10 +23,11 @@ from computegroups.cli.deploy import read_file
 from computegroups.cli.kubernetes_render import read_deployment
 from computegroups.cli.render import devices_label, table
 from computegroups.daemon.client.errors import ClientError
+from computegroups.daemon.kubernetes import provider_class as kubernetes_provider
+from computegroups.daemon.kubernetes.cluster_errors import KubernetesExtraMissing
 
 T = TypeVar("T")
 WIDTH = 80
-INSTALL_HINT = "pip install 'computegroups[kubernetes]'"
 
 
 def _options() -> CliContext:
@@ -37,14 +38,12 @@ def on_cluster(work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(provider)` on the cluster; every failure is one `cgctl: error:` line."""
     opts = _options()
     try:
-        from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider
-    except ImportError as exc:
-        if (exc.name or "").split(".")[0] not in ("lightkube", "httpx2"):
-            raise
-        fail(f"--kubernetes needs lightkube: {INSTALL_HINT}")
+        provider_class = kubernetes_provider("--kubernetes")
+    except KubernetesExtraMissing as exc:
+        fail(str(exc))
 
     async def run() -> T:
-        provider = KubernetesComputeResourceProvider(context=opts.context, namespace=opts.namespace)
+        provider = provider_class(context=opts.context, namespace=opts.namespace)
         try:
             return await work(provider)
         finally:
