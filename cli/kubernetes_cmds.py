@@ -1,4 +1,4 @@
-"""`cgctl --kubernetes apply / get / delete / list`: the same commands on a cluster.
+"""`cgctl --kubernetes apply / get / delete / list / events`: the same commands on a cluster.
 
 They go through the client's Kubernetes provider (computegroups.daemon.kubernetes),
 never through cgd: deployments are Grove PodCliqueSets applied server-side,
@@ -11,6 +11,7 @@ optional extra: without it each command says how to install it.
 from __future__ import annotations
 
 import asyncio
+import json
 import textwrap
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -168,3 +169,26 @@ def list_groups() -> None:
         for g in waiting:
             lines += _wrapped(f"{g['id']} waits: {g['explanation']}", "    ")
     emit_lines(lines)
+
+
+@click.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing the cluster's changes as they happen, until Ctrl-C.")
+@click.option("--since", type=int, metavar="VERSION",
+              help="Only changes after this resourceVersion (the last `seq` you saw); default: the groups as "
+                   "they are now.")
+def events(follow: bool, since: int | None) -> None:
+    """Print the changes of the groups computegroups made on the cluster as
+    cgd's events: queued (and the scheduler's reason), placed, released, a
+    holder's container that exited. `seq` is the change's resourceVersion;
+    a version the API server no longer keeps is a `gap` line, then the
+    groups as they are now (docs/kubernetes.md, Events on a cluster)."""
+    from computegroups.cli.events import event_line
+
+    async def show(provider: Any) -> None:
+        async for event in provider.events(since, follow):
+            click.echo(json.dumps(event, sort_keys=True) if json_wanted() else event_line(event, WIDTH))
+
+    try:
+        on_cluster(show)
+    except KeyboardInterrupt:
+        return
