@@ -162,8 +162,10 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
 
         Answers the Component once the scheduler has allocated every claim,
         or after `allocation_timeout_s` in state `scheduling` with the
-        scheduler's reason (`pending` with `wait`: the manager then waits,
-        as it waits for cgd's queue)."""
+        scheduler's reason; with `wait`, only once allocated, however long
+        (salloc). Until it answers, a failure or a cancellation takes back
+        the claims and holders it made: a waiting claim whose asker is
+        gone goes, as cgd drops a queued claim that is not detached."""
         extra = sorted(set(resources) - ALLOCATE_KEYS)
         if "cpu_bind" in extra:
             raise ValueError("cpu_bind: not supported by the Kubernetes provider (CPU placement near the GPUs is "
@@ -190,14 +192,11 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             for i, name in enumerate(names):
                 labels = k.managed_labels(**{k.COMPONENT: component_name, k.REPLICA: str(i), k.SCOPE: scope})
                 await create_held(self, name, claim, labels, None, made)
-            groups = await self._wait_allocated(names, self.allocation_timeout_s)
-        except BaseException:  # all or nothing, as on cgd: see _delete_made
+            groups = await self._wait_allocated(names, None if resources.get("wait") else self.allocation_timeout_s)
+        except BaseException:  # all or nothing, as on cgd (provider_holders.delete_made)
             await delete_made(self, made)
             raise
-        component = k.component_document(component_name, groups)
-        if component["state"] == "scheduling" and resources.get("wait"):
-            component["state"] = "pending"
-        return component
+        return k.component_document(component_name, groups)
 
     async def _check_new(self, component_name: str) -> None:
         claims, holders = await asyncio.gather(self._claims(**{k.COMPONENT: component_name}),

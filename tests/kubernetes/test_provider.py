@@ -290,21 +290,25 @@ async def claim_like(cluster: EmulatedCluster, old: str, new: str) -> None:
         cluster.emulator.objects[CLAIMS, copy["metadata"]["namespace"], new] = copy
 
 
+@pytest.mark.parametrize("wait", [False, True], ids=["answer-pending", "wait-like-salloc"])
 def test_cancelled_while_the_scheduler_holds_the_claim_the_allocation_leaves_nothing(
-        cluster: EmulatedCluster, kubeconfig: Path) -> None:
-    """Ctrl-C (a cancelled task) while waiting for the scheduler: the claims and holders it made go."""
+        cluster: EmulatedCluster, kubeconfig: Path, wait: bool) -> None:
+    """Ctrl-C (a cancelled task) while waiting for the scheduler: the claims and holders it made go
+    (with `wait` too, however long it has waited, as cgd drops a queued claim whose asker left)."""
     cluster.scheduling = "hold"
 
     async def scenario(m: ComputeGroupManager) -> None:
-        task = asyncio.ensure_future(m.allocate_compute_group("train", {"gpus": 1}, {"replicas": 2}))
-        while len(cluster.objects(PODS)) < 2:
+        loop = asyncio.get_running_loop()
+        past_timeout = loop.time() + 0.3  # with wait: past allocation_timeout_s, still waiting
+        task = asyncio.ensure_future(m.allocate_compute_group("train", {"gpus": 1}, {"replicas": 2, "wait": wait}))
+        while len(cluster.objects(PODS)) < 2 or (wait and loop.time() < past_timeout):
             await asyncio.sleep(0.02)
         assert not task.done()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    on_cluster(kubeconfig, scenario, timeout=60)
+    on_cluster(kubeconfig, scenario, timeout=60 if not wait else 0.05)
     assert cluster.objects(PODS) == []
     wait_for(lambda: cluster.objects(CLAIMS) == [], "the claims gone")
 
