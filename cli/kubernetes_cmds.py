@@ -1,4 +1,4 @@
-"""`cgctl --kubernetes apply / get / delete / list`: the same commands on a cluster.
+"""`cgctl --kubernetes apply / get / delete / list / events`: the same commands on a cluster.
 
 They go through the client's Kubernetes provider (computegroups.daemon.kubernetes),
 never through cgd: deployments are Grove PodCliqueSets applied server-side,
@@ -11,6 +11,7 @@ optional extra: without it each command says how to install it.
 from __future__ import annotations
 
 import asyncio
+import json
 import textwrap
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -23,10 +24,11 @@ from computegroups.cli.deploy import read_file
 from computegroups.cli.kubernetes_render import read_deployment
 from computegroups.cli.render import devices_label, table
 from computegroups.daemon.client.errors import ClientError
+from computegroups.daemon.kubernetes import provider_class as kubernetes_provider
+from computegroups.daemon.kubernetes.cluster_errors import KubernetesExtraMissing
 
 T = TypeVar("T")
 WIDTH = 80
-INSTALL_HINT = "pip install 'computegroups[kubernetes]'"
 
 
 def _options() -> CliContext:
@@ -37,14 +39,12 @@ def on_cluster(work: Callable[[Any], Awaitable[T]]) -> T:
     """Run `work(provider)` on the cluster; every failure is one `cgctl: error:` line."""
     opts = _options()
     try:
-        from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider
-    except ImportError as exc:
-        if (exc.name or "").split(".")[0] not in ("lightkube", "httpx2"):
-            raise
-        fail(f"--kubernetes needs lightkube: {INSTALL_HINT}")
+        provider_class = kubernetes_provider("--kubernetes")
+    except KubernetesExtraMissing as exc:
+        fail(str(exc))
 
     async def run() -> T:
-        provider = KubernetesComputeResourceProvider(context=opts.context, namespace=opts.namespace)
+        provider = provider_class(context=opts.context, namespace=opts.namespace)
         try:
             return await work(provider)
         finally:
@@ -169,3 +169,26 @@ def list_groups() -> None:
         for g in waiting:
             lines += _wrapped(f"{g['id']} waits: {g['explanation']}", "    ")
     emit_lines(lines)
+
+
+@click.command()
+@click.option("-f", "--follow", is_flag=True, help="Keep printing the cluster's changes as they happen, until Ctrl-C.")
+@click.option("--since", type=int, metavar="VERSION",
+              help="Only changes after this resourceVersion (the last `seq` you saw); default: the groups as "
+                   "they are now.")
+def events(follow: bool, since: int | None) -> None:
+    """Print the changes of the groups computegroups made on the cluster as
+    cgd's events: queued (and the scheduler's reason), placed, released, a
+    holder's container that exited. `seq` is the change's resourceVersion;
+    a version the API server no longer keeps is a `gap` line, then the
+    groups as they are now (docs/kubernetes.md, Events on a cluster)."""
+    from computegroups.cli.events import event_line
+
+    async def show(provider: Any) -> None:
+        async for event in provider.events(since, follow):
+            click.echo(json.dumps(event, sort_keys=True) if json_wanted() else event_line(event, WIDTH))
+
+    try:
+        on_cluster(show)
+    except KeyboardInterrupt:
+        return

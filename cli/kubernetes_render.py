@@ -16,9 +16,9 @@ import click
 
 from computegroups.cli.connect import fail
 from computegroups.daemon.client.deployfile import DeploymentFileError, load_deployment
+from computegroups.daemon.kubernetes.cluster_errors import INSTALL_HINT
 
 WIDTH = 80
-INSTALL_HINT = "pip install 'computegroups[kubernetes]'"
 
 
 @click.group()

@@ -37,7 +37,8 @@ class ClusterUnreachable(ClientError):
 
 
 class KubernetesExtraMissing(ClientError):
-    """lightkube is not installed: the Kubernetes provider is an optional extra."""
+    """lightkube is not installed: the Kubernetes provider is an optional extra
+    (`computegroups.daemon.kubernetes.provider_class` raises it; `who` needs it)."""
 
-    def __init__(self) -> None:
-        super().__init__(f"the Kubernetes provider needs lightkube: {INSTALL_HINT}")
+    def __init__(self, who: str = "the Kubernetes provider") -> None:
+        super().__init__(f"{who} needs lightkube: {INSTALL_HINT}")

@@ -336,23 +336,42 @@ def component_document(name: str, groups: Sequence[Mapping[str, Json]],
 
 def gpu_statuses(devices: Mapping[tuple[str, str], Mapping[str, Json]], groups: Iterable[Mapping[str, Json]],
                  drained: set[tuple[str, str]]) -> list[dict[str, Json]]:
-    """GpuStatus per physical GPU: what the cluster's allocated claims of ours take of it."""
-    used: dict[tuple[str, str], list[Mapping[str, Json]]] = {}
+    """GpuStatus per physical GPU, with cgd's keys (docs/api.md) so both providers answer one shape:
+    what the cluster's allocated claims of ours take of it. What a cluster does not tell (foreign
+    processes, measurements, a lost state generation's workers) is empty or null."""
+    used: dict[tuple[str, str], list[tuple[Mapping[str, Json], Mapping[str, Json]]]] = {}
     for g in groups:
         for d in g.get("devices") or []:
-            used.setdefault((d["pool"], d["device"]), []).append(d)
+            used.setdefault((d["pool"], d["device"]), []).append((g, d))
+    migs: dict[str | None, list[Mapping[str, Json]]] = {}
+    for d in devices.values():
+        if d["mig_uuid"] is not None:
+            migs.setdefault(d["uuid"], []).append(d)
     out = []
     for key, d in sorted(devices.items(), key=lambda kv: (kv[1]["node"], _order(kv[1]))):
         if d["mig_uuid"] is not None:
             continue
-        taken = used.get(key, [])
+        taken = [x for _, x in used.get(key, [])]
+        on = [g for g, _ in used.get(key, [])]
+        unhealthy = [t for t in d["taints"] if t.get("effect") == "NoExecute"]
         out.append({
             "index": d["index"], "uuid": d["uuid"], "name": d["name"], "memory_mib": d["memory_mib"],
             "memory_allocated_mib": sum(x.get("memory_mib") or 0 for x in taken),
             "memory_foreign_mib": 0,
             "compute_allocated_pct": min(100, sum(x.get("compute_pct") or 0 for x in taken)),
-            "health": "unhealthy" if any(t.get("effect") == "NoExecute" for t in d["taints"]) else "ok",
-            "drained": key in drained,
+            "exclusive_owner": next((g.get("owner") for g, x in used.get(key, []) if x.get("whole")), None),
+            "components": [{"name": name, "user": None, "state": "allocated", "reservation": None,
+                            "shadow_of": None, "memory_used_mib": None}
+                           for name in sorted({u.rsplit("/", 1)[0] for g in on for u in g.get("users") or []})],
+            "groups": sorted({str(g["id"]) for g in on}),
+            "health": "unhealthy" if unhealthy else "ok",
+            "reasons": [str(t.get("key")) for t in unhealthy],
+            "drained": key in drained, "degraded": False,
+            "foreign_processes": [], "over_share": [], "held_by_lost": [],
+            "mig_devices": [{"uuid": m["mig_uuid"], "profile": m.get("mig_profile"), "memory_mib": m["memory_mib"],
+                             "group": next((g["id"] for g, _ in used.get((m["pool"], m["device"]), [])), None)}
+                            for m in migs.get(d["uuid"], [])],
+            "temperature_c": None, "measured": None,
             "node": d["node"], "device": d["device"],
         })
     return out

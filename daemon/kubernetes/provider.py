@@ -7,39 +7,43 @@ holder is the cluster's form of cgd's reservation. Devices are what the
 scheduler wrote in `status.allocation`; nothing of the allocation is kept
 here, every answer is read from the API server.
 
+Its parts beside it: the claims and holders one call makes and takes back
+(provider_holders.py), components attached to a group (provider_attach.py),
+drains as DeviceTaintRules (provider_taints.py), the event stream as
+watches (provider_events.py).
+
 Imported only by callers that ask for a cluster: it needs lightkube, the
-`kubernetes` extra (`pip install 'computegroups[kubernetes]'`).
+`kubernetes` extra (`pip install 'computegroups[kubernetes]'`;
+`computegroups.daemon.kubernetes.provider_class()` says so where it is missing).
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, cast
+from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.core.generic_client import BasicRequest
-from lightkube.generic_resource import create_global_resource
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
 from computegroups.daemon.client.providers import ComputeResourceProvider
 from computegroups.daemon.kubernetes import cluster_objects as k
-from computegroups.daemon.kubernetes.cluster_errors import ClusterError, NotSupportedByCluster
+from computegroups.daemon.kubernetes.cluster_errors import ClusterError
 from computegroups.daemon.kubernetes.cluster_filters import checked_filters, matches
+from computegroups.daemon.kubernetes.provider_attach import attach, attached, detach
 from computegroups.daemon.kubernetes.provider_client import load_config, translated
+from computegroups.daemon.kubernetes.provider_events import cluster_events
+from computegroups.daemon.kubernetes.provider_holders import Made, create_held, delete_held, delete_made
+from computegroups.daemon.kubernetes.provider_taints import FIELD_MANAGER, DeviceTaints
 from computegroups.daemon.kubernetes.render_claims import SHARINGS
 from computegroups.daemon.model.claims import Claim
 
 Json = Any
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
-FIELD_MANAGER = "computegroups"
-TAINT_VERSIONS = ("v1", "v1beta2", "v1beta1", "v1alpha3")
-"""resource.k8s.io versions that may serve DeviceTaintRule, newest first (alpha in 1.33, v1 later)."""
 ALLOCATE_KEYS = frozenset({"claim", "group", "replicas", "scope", "wait"})
 
 
@@ -69,8 +73,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         self.holder_image = holder_image
         self.sharing = sharing
         self.poll_s = poll_s
-        self._taint_asked = False
-        self._taint_version: str | None = None
+        self.taints = DeviceTaints(self)
 
     async def close(self) -> None:
         await self.client.close()
@@ -104,43 +107,8 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
                 and not c["metadata"].get("deletionTimestamp")]
 
     async def taint_rule_version(self) -> str | None:
-        """The resource.k8s.io version that serves DeviceTaintRule, by API discovery; None if none does."""
-        if not self._taint_asked:
-            self._taint_asked = True
-            for version in TAINT_VERSIONS:
-                async with self.translated():
-                    answer = await self._discover(f"/apis/resource.k8s.io/{version}")
-                if any(r.get("name") == "devicetaintrules" for r in (answer or {}).get("resources") or []):
-                    self._taint_version = version
-                    break
-        return self._taint_version
-
-    async def _discover(self, path: str) -> dict[str, Json] | None:
-        """One discovery document, None where the server does not serve the path.
-
-        lightkube has typed calls for objects, not for discovery documents, so
-        this sends through its client (same config, auth and TLS)."""
-        generic = self.client._client
-        response = await generic.send(generic.build_adapter_request(BasicRequest(method="GET", url=path)))
-        if response.status_code == 404:
-            return None
-        generic.raise_for_status(response)
-        answer: dict[str, Json] = response.json()
-        return answer
-
-    def _taint_resource(self, version: str) -> Any:
-        """lightkube's typed DeviceTaintRule of that version where its models have one, else a generic one."""
-        try:
-            module = importlib.import_module(f"lightkube.resources.resource_{version}")
-            return module.DeviceTaintRule
-        except (ImportError, AttributeError):
-            return create_global_resource("resource.k8s.io", version, "DeviceTaintRule", "devicetaintrules")
-
-    async def _rules(self) -> list[dict[str, Json]]:
-        version = await self.taint_rule_version()
-        if version is None:
-            return []
-        return await self._list(self._taint_resource(version), namespaced=False, labels=k.selector())
+        """The resource.k8s.io version that serves DeviceTaintRule (provider_taints.py); None if none does."""
+        return await self.taints.version()
 
     async def _holders(self) -> list[dict[str, Json]]:
         """Every holder pod of ours: the groups' own, and those of components attached to a group."""
@@ -164,7 +132,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return reasons
 
     async def _groups(self, claims: Sequence[Mapping[str, Json]]) -> list[dict[str, Json]]:
-        devices, rules, holders = await asyncio.gather(self._devices(), self._rules(), self._holders())
+        devices, rules, holders = await asyncio.gather(self._devices(), self.taints.rules(), self._holders())
         reasons = await self._reasons(claims, holders)
         drained, _ = k.drained_devices(rules)
         users = k.attached_users(holders)
@@ -183,7 +151,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         return {"nodes": k.machines(nodes, devices)}
 
     async def get_resource_state(self) -> dict[str, Json]:
-        devices, claims, rules = await asyncio.gather(self._devices(), self._claims(), self._rules())
+        devices, claims, rules = await asyncio.gather(self._devices(), self._claims(), self.taints.rules())
         groups = await self._groups(claims)
         _, covered = k.drained_devices(rules)
         return {"node": self.client.config.context_name or "cluster",
@@ -194,8 +162,10 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
 
         Answers the Component once the scheduler has allocated every claim,
         or after `allocation_timeout_s` in state `scheduling` with the
-        scheduler's reason (`pending` with `wait`: the manager then waits,
-        as it waits for cgd's queue)."""
+        scheduler's reason; with `wait`, only once allocated, however long
+        (salloc). Until it answers, a failure or a cancellation takes back
+        the claims and holders it made: a waiting claim whose asker is
+        gone goes, as cgd drops a queued claim that is not detached."""
         extra = sorted(set(resources) - ALLOCATE_KEYS)
         if "cpu_bind" in extra:
             raise ValueError("cpu_bind: not supported by the Kubernetes provider (CPU placement near the GPUs is "
@@ -206,7 +176,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if resources.get("group") is not None:
             if "claim" in resources:
                 raise ValueError(f"claim: not allowed with group: the groups come from {resources['group']!r}")
-            return await self._attach(component_name, str(resources["group"]), int(resources.get("replicas") or 1))
+            return await attach(self, component_name, str(resources["group"]), int(resources.get("replicas") or 1))
         if "claim" not in resources:
             raise ValueError("claim: required by the Kubernetes provider (or group; no share_with or shadow_of)")
         claim = self._checked(resources["claim"])
@@ -217,71 +187,22 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         await self._check_fits(claim)
         count = int(resources.get("replicas") or 1) if scope == "per-replica" else 1
         names = [f"{component_name}-{i}" for i in range(count)]
-        made: list[str] = []
+        made: list[Made] = []
         try:
             for i, name in enumerate(names):
                 labels = k.managed_labels(**{k.COMPONENT: component_name, k.REPLICA: str(i), k.SCOPE: scope})
-                await self._create_held(name, claim, labels, None)
-                made.append(name)
-        except BaseException:  # a refused replica takes the ones made before it: all or nothing, as on cgd
-            for name in made:
-                await self._delete_held(name)
+                await create_held(self, name, claim, labels, None, made)
+            groups = await self._wait_allocated(names, None if resources.get("wait") else self.allocation_timeout_s)
+        except BaseException:  # all or nothing, as on cgd (provider_holders.delete_made)
+            await delete_made(self, made)
             raise
-        groups = await self._wait_allocated(names, self.allocation_timeout_s)
-        component = k.component_document(component_name, groups)
-        if component["state"] == "scheduling" and resources.get("wait"):
-            component["state"] = "pending"
-        return component
+        return k.component_document(component_name, groups)
 
     async def _check_new(self, component_name: str) -> None:
         claims, holders = await asyncio.gather(self._claims(**{k.COMPONENT: component_name}),
-                                               self._attached(component_name))
+                                               attached(self, component_name))
         if claims or holders:
             raise ClusterError(409, "conflict", f"component {component_name} already exists")
-
-    async def _attached(self, component_name: str) -> list[dict[str, Json]]:
-        """The holder pods of a component attached to a group made on its own, one per replica."""
-        found = await self._list(Pod, labels=k.selector(**{k.COMPONENT: component_name, k.ATTACHED: "true"}))
-        return [p for p in found if not p["metadata"].get("deletionTimestamp")]
-
-    async def _attach(self, component_name: str, group_id: str, replicas: int) -> dict[str, Json]:
-        """Every replica attaches to the group: a holder pod of its own that references the group's
-        claim (DRA shares an allocated claim among the pods that use it), so the group's capacity is
-        counted once for all its users, as on cgd."""
-        if replicas < 1:
-            raise ValueError(f"replicas: must be at least 1, got {replicas}")
-        group = await self.get_group(group_id)
-        if group["owner"]:
-            raise ClusterError(409, "conflict", f"group {group_id!r} belongs to component {group['owner']!r}: "
-                               "only a group made on its own (create_compute_group) takes users by id")
-        who = ", ".join(f"{component_name}/{i}" for i in range(replicas))
-        if group["state"] == "draining":
-            raise ClusterError(409, "conflict", f"group {group_id!r} is draining: nothing new attaches to it "
-                               f"({who}); delete its DeviceTaintRules to undrain it")
-        if group["state"] != "allocated":
-            raise ClusterError(409, "conflict", f"group {group_id!r} is {group['state']}: nothing attaches to "
-                               f"it before the scheduler allocates it ({group['explanation']})")
-        await self._check_new(component_name)
-        made: list[str] = []
-        try:
-            for i in range(replicas):
-                pod = k.user_holder_object(component_name, i, group_id, self.namespace, self.holder_image)
-                async with self.translated():
-                    await self.client.create(cast(Pod, Pod.from_dict(pod)))
-                made.append(pod["metadata"]["name"])
-        except BaseException:  # all replicas or none, as on cgd
-            await self._delete_pods(made)
-            raise
-        return k.component_document(component_name, [await self.get_group(group_id)], range(replicas))
-
-    async def _delete_pods(self, names: Sequence[str]) -> None:
-        for name in names:
-            try:
-                async with self.translated():
-                    await self.client.delete(Pod, name, namespace=self.namespace, grace_period=0)
-            except ClusterError as exc:
-                if exc.code != "not_found":
-                    raise
 
     def _checked(self, claim: Mapping[str, Json]) -> Claim:
         """The claim as cgd would read it (same model, same refusals), then what has no cluster form."""
@@ -293,60 +214,6 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if not k.fits_somewhere(claim.to_dict(), await self._devices()):
             raise ClusterError(422, "unsatisfiable", f"no node of the cluster has devices for "
                                f"{claim.to_dict()} (NVIDIA DRA ResourceSlices)")
-
-    async def _create_held(self, name: str, claim: Claim, labels: Mapping[str, str],
-                           node: str | None) -> None:
-        """The claim first, then its holder; a holder refused takes its claim with it."""
-        await self._gone(name)
-        async with self.translated():
-            await self.client.create(cast(ResourceClaim, ResourceClaim.from_dict(
-                k.claim_object(name, self.namespace, claim, self.sharing, labels))))
-        try:
-            async with self.translated():
-                await self.client.create(cast(Pod, Pod.from_dict(
-                    k.holder_object(name, self.namespace, self.holder_image, labels, node))))
-        except BaseException:
-            await self._delete_held(name)
-            raise
-
-    async def _gone(self, name: str) -> None:
-        """Wait until a claim of that name being deleted is gone. An allocated claim keeps its
-        delete-protection finalizer until no pod uses it, so a name freed a moment ago may still
-        be taken; a claim that is not on its way out is left to `create` to refuse."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.allocation_timeout_s
-        while True:
-            try:
-                async with self.translated():
-                    found = (await self.client.get(ResourceClaim, name, namespace=self.namespace)).to_dict()
-            except ClusterError as exc:
-                if exc.code == "not_found":
-                    return
-                raise
-            if not found["metadata"].get("deletionTimestamp"):
-                return
-            if loop.time() >= deadline:
-                raise ClusterError(409, "conflict", f"claim {name} is still being deleted: try again")
-            await asyncio.sleep(self.poll_s)
-
-    async def _delete_held(self, name: str) -> bool:
-        """Delete the holder, the claim and the group's taint rules; False when the claim was not there."""
-        found = True
-        for res, obj in ((Pod, k.holder_name(name)), (ResourceClaim, name)):
-            try:
-                async with self.translated():
-                    await self.client.delete(res, obj, namespace=self.namespace, grace_period=0)
-            except ClusterError as exc:
-                if exc.code != "not_found":
-                    raise
-                found = found and res is not ResourceClaim
-        version = await self.taint_rule_version()
-        if version is not None:
-            rule = self._taint_resource(version)
-            for r in await self._list(rule, namespaced=False, labels=k.selector(**{k.GROUP: name})):
-                async with self.translated():
-                    await self.client.delete(rule, r["metadata"]["name"])
-        return found
 
     async def _wait_allocated(self, names: Sequence[str], timeout: float | None) -> list[dict[str, Json]]:
         loop = asyncio.get_running_loop()
@@ -364,20 +231,12 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         group stays, as on cgd."""
         owned = {c["metadata"]["name"] for c in await self._claims(**{k.COMPONENT: component_name})}
         if not owned:
-            holders = await self._attached(component_name)
-            if not holders:
-                return False
-            used = {p["metadata"]["labels"][k.GROUP] for p in holders}
-            missing = set(resource_ids) - used
-            if missing:
-                raise ValueError(f"{', '.join(sorted(missing))}: not groups of {component_name}")
-            await self._delete_pods([p["metadata"]["name"] for p in holders])
-            return True
+            return await detach(self, component_name, resource_ids)
         missing = set(resource_ids) - owned
         if missing:
             raise ValueError(f"{', '.join(sorted(missing))}: not groups of {component_name}")
         for name in sorted(resource_ids or owned):
-            await self._delete_held(name)
+            await delete_held(self, name)
         return True
 
     async def list_groups(self, filters: Mapping[str, Json]) -> list[dict[str, Json]]:
@@ -407,8 +266,13 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         normal = self._checked(claim)
         await self._check_fits(normal)
         name = f"group-{secrets.token_hex(4)}"
-        await self._create_held(name, normal, k.managed_labels(), node_id)
-        (group,) = await self._wait_allocated([name], self.allocation_timeout_s)
+        made: list[Made] = []
+        try:
+            await create_held(self, name, normal, k.managed_labels(), node_id, made)
+            (group,) = await self._wait_allocated([name], self.allocation_timeout_s)
+        except BaseException:  # as allocate_resources
+            await delete_made(self, made)
+            raise
         return group
 
     async def delete_group(self, group_id: str) -> bool:
@@ -422,7 +286,7 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         if owner:
             raise ClusterError(409, "conflict", f"{group_id} belongs to component {owner}: deallocate that")
         await self._check_unused(group_id)
-        return await self._delete_held(group_id)
+        return await delete_held(self, group_id)
 
     async def _check_unused(self, group_id: str) -> None:
         """A group made on its own goes only once no component attached to it uses it (cgd's rule)."""
@@ -445,24 +309,17 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             raise
         if not claim["metadata"].get("labels", {}).get(k.COMPONENT):
             await self._check_unused(group_id)
-        return await self._delete_held(group_id)
+        return await delete_held(self, group_id)
 
     async def drain_group(self, group_id: str) -> dict[str, Json]:
-        """A NoSchedule DeviceTaintRule per device of the group: the scheduler puts nothing new there."""
-        version = await self.taint_rule_version()
-        if version is None:
-            raise NotSupportedByCluster(
-                "drain is not supported by this cluster: it serves no DeviceTaintRule in resource.k8s.io "
-                "(enable the DRADeviceTaints feature gate), and a mark the scheduler does not read would "
-                "drain nothing")
-        group = await self.get_group(group_id)
-        if not group["devices"]:
-            raise ClusterError(409, "conflict", f"{group_id} has no devices yet: {group['explanation']}")
-        rule = self._taint_resource(version)
-        for i, device in enumerate(group["devices"]):
-            doc = k.taint_rule_object(f"{group_id}-drain-{i}", group_id, device, f"resource.k8s.io/{version}")
-            async with self.translated():
-                await self.client.apply(rule.from_dict(doc), field_manager=FIELD_MANAGER, force=True)
+        """A NoSchedule DeviceTaintRule per device of the group (provider_taints.py)."""
+        if await self.taint_rule_version() is not None:
+            group = await self.get_group(group_id)
+            if not group["devices"]:
+                raise ClusterError(409, "conflict", f"{group_id} has no devices yet: {group['explanation']}")
+            await self.taints.drain(group)
+        else:
+            await self.taints.drain({"id": group_id, "devices": []})  # refused, in words
         return await self.get_group(group_id)
 
     async def list_components(self) -> list[dict[str, Json]]:
@@ -477,6 +334,11 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
                 per.setdefault(name, [g])
                 attached.setdefault(name, []).append(int(replica))
         return [k.component_document(name, groups, attached.get(name, ())) for name, groups in sorted(per.items())]
+
+    def events(self, since: int | None, follow: bool) -> AsyncIterator[dict[str, Json]]:
+        """The claims' and holder pods' changes as cgd's events (provider_events.py); `since`
+        is a resourceVersion, as docs/kubernetes.md says."""
+        return cluster_events(self, since, follow)
 
     async def wait_component(self, component_name: str, until: str, timeout: float | None) -> dict[str, Json]:
         if until != "placed":

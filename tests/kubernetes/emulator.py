@@ -3,7 +3,11 @@
 kmock's `KubernetesEmulator` keeps objects in memory and serves them over
 HTTP as an API server does; `ClusterEmulator` adds what the provider relies
 on that it lacks (label selectors on lists, server-side apply creating an
-object, creation metadata). It runs on its own event loop in a thread, so
+object, creation metadata, a delete's uid precondition) and an API server's
+watch: every change, whoever makes it (a request, or the test's scheduler),
+gets the next `resourceVersion` and is kept, so a watch resumes after a
+version, filters by label, and answers 410 Gone (an `ERROR` event, as the
+API server streams it) for a version older than what is kept (`compact`). It runs on its own event loop in a thread, so
 the provider under test (or `cgctl` in a subprocess) talks to it over real
 HTTP exactly as to a cluster.
 
@@ -22,11 +26,14 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp.web
+import attrs
 from kmock import KubernetesEmulator, ResourceInfo, Server, resource
+from kmock._internal.k8s import KubernetesError
 from lightkube.utils.quantity import parse_quantity
 
 T = TypeVar("T")
@@ -98,8 +105,28 @@ def write_kubeconfig(path: Path, server: str, namespace: str = NAMESPACE) -> Pat
     return path
 
 
+@attrs.frozen
+class PreconditionFailed(KubernetesError):
+    """A delete whose `preconditions.uid` names another object of that name (the API server's 409)."""
+    status: int = 409
+    reason: str = "Conflict"
+    message: str = "Precondition failed: UID in precondition does not match the object's"
+
+
 class ClusterEmulator(KubernetesEmulator):
-    """kmock's emulator, with label selectors, apply-creates and creation metadata."""
+    """kmock's emulator, with label selectors, apply-creates, creation metadata,
+    delete preconditions, and a watch that resumes by `resourceVersion`."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.revision = 0
+        """The last resourceVersion given: one counter for every kind, as etcd's revision is."""
+        self.history: list[tuple[int, Any, str, dict[str, Any]]] = []
+        """(resourceVersion, resource, ADDED/MODIFIED/DELETED, the object then): the watch cache."""
+        self.compacted = 0
+        """Versions up to this one are no longer kept: a watch from before it is 410 Gone."""
+        self._seen: dict[tuple[Any, str | None, str], str] = {}
+        self._changed = asyncio.Condition(self._lock)
 
     async def _handle(self, request: Any) -> aiohttp.web.StreamResponse:
         if request.resource is not None and isinstance(request.data, dict):
@@ -109,11 +136,71 @@ class ClusterEmulator(KubernetesEmulator):
                 meta.setdefault("creationTimestamp", _now())
                 if request.namespace:
                     meta.setdefault("namespace", request.namespace)
-            meta["resourceVersion"] = str(uuid.uuid4().int % 10**9)
             if self._applies_new(request):
                 async with self._lock:
                     self._objects[(request.resource, request.namespace, request.name)] = request.data
-        return await super()._handle(request)
+            if request.action == "DELETE":
+                await self._check_precondition(request)
+        try:
+            return await super()._handle(request)
+        finally:
+            async with self._lock:
+                self.record()
+
+    async def _check_precondition(self, request: Any) -> None:
+        uid = ((request.data.get("preconditions") or {}).get("uid"))
+        if uid is None:
+            return
+        async with self._lock:
+            key = (request.resource, request.namespace, request.name)
+            found = self._objects[key] if key in self._objects else None  # noqa: SIM401 (ObjectsArray has no get)
+            if found is not None and not found.deleted and found.get("metadata", {}).get("uid") != uid:
+                raise PreconditionFailed()
+
+    def record(self) -> None:
+        """Give every change since the last call its resourceVersion and keep it (call under the lock).
+
+        The changes are found by comparing each object with what was seen, so the test's scheduler
+        writing objects directly is watched as a controller's requests would be."""
+        now: dict[tuple[Any, str | None, str], Any] = {
+            key: obj for key, obj in self._objects.items() if not obj.deleted}
+        changes: list[tuple[tuple[Any, str | None, str], str, Any]] = []
+        for key, obj in now.items():
+            body = self._body(obj.raw)
+            if self._seen.get(key) != body:
+                changes.append((key, "ADDED" if key not in self._seen else "MODIFIED", obj))
+                self._seen[key] = body
+        for key in [key for key in self._seen if key not in now]:
+            del self._seen[key]
+            gone = self._objects[key] if key in self._objects else None  # noqa: SIM401 (ObjectsArray has no get)
+            changes.append((key, "DELETED", gone))
+        for key, kind, obj in changes:
+            self.revision += 1
+            if obj is None:
+                continue
+            if kind == "DELETED":
+                raw = json.loads(json.dumps(obj.last.raw))
+            else:
+                obj.patch({"metadata": {"resourceVersion": str(self.revision)}})
+                self._seen[key] = self._body(obj.raw)
+                raw = json.loads(json.dumps(obj.raw))
+            raw.setdefault("metadata", {})["resourceVersion"] = str(self.revision)
+            self.history.append((self.revision, key[0], kind, raw))
+        if changes:
+            self._changed.notify_all()
+
+    @staticmethod
+    def _body(raw: Mapping[str, Any]) -> str:
+        meta = {k: v for k, v in (raw.get("metadata") or {}).items() if k != "resourceVersion"}
+        return json.dumps({**raw, "metadata": meta}, sort_keys=True)
+
+    def _past(self, version: int) -> bool:
+        return self.revision > version
+
+    def compact(self) -> None:
+        """Forget every change kept so far, as the API server's bounded watch cache does (call under the lock)."""
+        self.compacted = self.revision
+        self.history.clear()
 
     def _applies_new(self, request: Any) -> bool:
         """A server-side apply of an object that is not there creates it, as on a real API server."""
@@ -128,7 +215,44 @@ class ClusterEmulator(KubernetesEmulator):
         if wanted:
             answer["items"] = [o for o in answer["items"]
                                if _matches((o.get("metadata") or {}).get("labels") or {}, wanted)]
+        answer["metadata"]["resourceVersion"] = str(self.revision)
         return answer
+
+    def _watched(self, request: Any, res: Any, raw: Mapping[str, Any]) -> bool:
+        meta = raw.get("metadata") or {}
+        wanted = request.params.get("labelSelector")
+        return res == request.resource and request.namespace in (None, meta.get("namespace")) \
+            and (not wanted or _matches(meta.get("labels") or {}, wanted))
+
+    async def _serve_watch(self, request: Any) -> Any:
+        """The API server's watch: from `resourceVersion` (exclusive) on, or (none, or "0") every
+        object as it is now (ADDED), then each change as it is made."""
+        yield b""
+        since = request.params.get("resourceVersion")
+        async with self._lock:
+            if since in (None, "", "0"):
+                after = self.revision
+                first = [{"type": "ADDED", "object": json.loads(json.dumps(obj.raw))}
+                         for (res, _, _), obj in self._objects.items()
+                         if not obj.deleted and self._watched(request, res, obj.raw)]
+            elif int(since) < self.compacted:
+                first = [{"type": "ERROR", "object": {
+                    "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+                    "reason": "Expired", "code": 410,
+                    "message": f"too old resource version: {since} ({self.compacted})"}}]
+                after = -1
+            else:
+                after, first = int(since), []
+        for event in first:
+            yield event
+        while after >= 0:
+            async with self._changed:
+                await self._changed.wait_for(partial(self._past, after))
+                new = [(rv, res, kind, raw) for rv, res, kind, raw in self.history if rv > after]
+                after = self.revision
+            for _, res, kind, raw in new:
+                if self._watched(request, res, raw):
+                    yield {"type": kind, "object": raw}
 
 
 class EmulatedCluster:
@@ -192,8 +316,10 @@ class EmulatedCluster:
                 kinds[self.taints] = ("DeviceTaintRule", False)
             for res, (kind, namespaced) in kinds.items():
                 emulator.resources[res] = ResourceInfo(kind=kind, namespaced=namespaced,
-                                                        verbs={"list", "get", "create", "delete", "patch"})
+                                                        verbs={"list", "get", "create", "delete", "patch", "watch"})
             self._seed(emulator)
+            async with emulator._lock:
+                emulator.record()
             self.url = str(server.url).rstrip("/")
             scheduler = asyncio.ensure_future(self._schedule_forever())
             self._ready.set()
@@ -258,6 +384,7 @@ class EmulatedCluster:
             assert self.emulator is not None
             async with self.emulator._lock:
                 self._schedule_once(self.emulator)
+                self.emulator.record()
             await asyncio.sleep(0.01)
 
     def _live(self, emulator: ClusterEmulator, res: Any) -> dict[tuple[str | None, str], Any]:

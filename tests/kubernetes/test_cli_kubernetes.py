@@ -142,3 +142,30 @@ def test_without_lightkube_cgctl_says_how_to_install_it(tmp_path: Path) -> None:
                           env={**os.environ, "KUBECONFIG": str(tmp_path / "none")})
     assert done.returncode == 1
     assert done.stderr == "cgctl: error: --kubernetes needs lightkube: pip install 'computegroups[kubernetes]'\n"
+
+
+def test_events_prints_the_clusters_changes_as_cgds_event_lines(cluster: EmulatedCluster, kubeconfig: Path) -> None:
+    """`cgctl --kubernetes events` (its registration under --kubernetes is cli/main.py's): the command itself."""
+    from click.testing import CliRunner
+
+    from computegroups.cli.context import CliContext
+    from computegroups.cli.kubernetes_cmds import events
+
+    async def allocate() -> None:
+        provider = KubernetesComputeResourceProvider(kubeconfig=kubeconfig, poll_s=0.02)
+        try:
+            await ComputeGroupManager(provider).allocate_compute_group("train", {"gpus": 1})
+        finally:
+            await provider.close()
+
+    asyncio.run(allocate())
+    env = {"KUBECONFIG": str(kubeconfig)}
+    shown = CliRunner().invoke(events, [], obj=CliContext(kubernetes=True), env=env)
+    assert shown.exit_code == 0, shown.output
+    (line,) = shown.output.splitlines()
+    assert line.endswith("group train-0 allocated on dgx-h100: GPUs 0") and narrow(shown.output)
+    as_json = CliRunner().invoke(events, [], obj=CliContext(kubernetes=True, json=True), env=env)
+    (event,) = [json.loads(x) for x in as_json.output.splitlines()]
+    assert (event["type"], event["group"], event["gpus"]) == ("allocated", "train-0", [0])
+    after = CliRunner().invoke(events, ["--since", str(event["seq"])], obj=CliContext(kubernetes=True), env=env)
+    assert after.exit_code == 0 and after.output == ""

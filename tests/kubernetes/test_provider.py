@@ -20,7 +20,7 @@ from computegroups.daemon.kubernetes.cluster_errors import (
 )
 from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider
 from tests.daemon_fixture import wait_for
-from tests.kubernetes.emulator import CLAIMS, HOLD_REASON, PODS, EmulatedCluster, write_kubeconfig
+from tests.kubernetes.emulator import CLAIMS, HOLD_REASON, NAMESPACE, PODS, EmulatedCluster, write_kubeconfig
 
 T = TypeVar("T")
 MANAGED = {"app.kubernetes.io/managed-by": "computegroups"}
@@ -288,3 +288,68 @@ async def claim_like(cluster: EmulatedCluster, old: str, new: str) -> None:
         found = next(o for (r, _, name), o in cluster.emulator.objects.items() if r == CLAIMS and name == old)
         copy = {**found.raw, "metadata": {"name": new, "namespace": found.raw["metadata"]["namespace"]}}
         cluster.emulator.objects[CLAIMS, copy["metadata"]["namespace"], new] = copy
+
+
+@pytest.mark.parametrize("wait", [False, True], ids=["answer-pending", "wait-like-salloc"])
+def test_cancelled_while_the_scheduler_holds_the_claim_the_allocation_leaves_nothing(
+        cluster: EmulatedCluster, kubeconfig: Path, wait: bool) -> None:
+    """Ctrl-C (a cancelled task) while waiting for the scheduler: the claims and holders it made go
+    (with `wait` too, however long it has waited, as cgd drops a queued claim whose asker left)."""
+    cluster.scheduling = "hold"
+
+    async def scenario(m: ComputeGroupManager) -> None:
+        loop = asyncio.get_running_loop()
+        past_timeout = loop.time() + 0.3  # with wait: past allocation_timeout_s, still waiting
+        task = asyncio.ensure_future(m.allocate_compute_group("train", {"gpus": 1}, {"replicas": 2, "wait": wait}))
+        while len(cluster.objects(PODS)) < 2 or (wait and loop.time() < past_timeout):
+            await asyncio.sleep(0.02)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    on_cluster(kubeconfig, scenario, timeout=60 if not wait else 0.05)
+    assert cluster.objects(PODS) == []
+    wait_for(lambda: cluster.objects(CLAIMS) == [], "the claims gone")
+
+
+def test_a_holder_refused_for_anothers_pod_of_its_name_leaves_that_pod(
+        cluster: EmulatedCluster, kubeconfig: Path) -> None:
+    """Only what the call made is taken back: the pod that took the holder's name stays."""
+    cluster.call(lambda: foreign_pod(cluster, "train-0-holder"))
+
+    async def scenario(m: ComputeGroupManager) -> None:
+        with pytest.raises(ClusterError) as taken:
+            await m.allocate_compute_group("train", {"gpus": 1})
+        assert taken.value.code == "conflict"
+
+    on_cluster(kubeconfig, scenario)
+    assert [p["metadata"]["name"] for p in cluster.objects(PODS)] == ["train-0-holder"]
+    assert cluster.objects(CLAIMS) == []
+
+
+async def foreign_pod(cluster: EmulatedCluster, name: str) -> None:
+    """A pod that is not computegroups' (no labels), named as a holder will be."""
+    assert cluster.emulator is not None
+    async with cluster.emulator._lock:
+        cluster.emulator.objects[PODS, NAMESPACE, name] = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE, "uid": "foreign"},
+            "spec": {"containers": [{"name": "web", "image": "nginx"}]}}
+
+
+def test_gpu_status_has_cgds_keys_so_both_providers_answer_one_shape(
+        cluster: EmulatedCluster, kubeconfig: Path) -> None:
+    from computegroups.daemon.core.views import gpu_status
+    from computegroups.statefiles.schema import StateDoc
+    from computegroups.topology import load_machine
+
+    async def scenario(m: ComputeGroupManager) -> list[dict[str, Any]]:
+        await m.allocate_compute_group("train", {"gpus": 1})
+        return list((await m.provider.get_resource_state())["gpus"])
+
+    gpus = on_cluster(kubeconfig, scenario)
+    local = gpu_status(load_machine("dgx-h100"), StateDoc(), {})[0]
+    assert set(local) <= set(gpus[0]) and set(gpus[0]) - set(local) == {"node", "device"}
+    assert gpus[0]["held_by_lost"] == [] and gpus[0]["groups"] == ["train-0"]
+    assert gpus[0]["exclusive_owner"] == "train" and [c["name"] for c in gpus[0]["components"]] == ["train"]
+    assert gpus[1]["groups"] == [] and gpus[1]["exclusive_owner"] is None

@@ -45,3 +45,18 @@ def test_lightkube_is_installed_here_so_the_checks_below_mean_something() -> Non
 ], ids=["local-client", "cgctl", "daemon", "cluster-errors"])
 def test_the_local_path_does_not_import_lightkube(code: str) -> None:
     assert loaded_after(code) == []
+
+
+def test_without_lightkube_the_provider_class_says_how_to_install_it() -> None:
+    """The one path cgctl and programs share: `provider_class()` tells a missing extra by name."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys; sys.modules["lightkube"] = None
+        from computegroups.daemon.kubernetes import provider_class
+        from computegroups.daemon.kubernetes.cluster_errors import KubernetesExtraMissing
+        try:
+            provider_class()
+        except KubernetesExtraMissing as exc:
+            print(exc)
+    """)], capture_output=True, text=True, timeout=120, check=False, env=ROOT_ENV)
+    assert done.stdout == "the Kubernetes provider needs lightkube: pip install 'computegroups[kubernetes]'\n", \
+        done.stderr
