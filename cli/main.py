@@ -45,6 +45,7 @@ COMMANDS = {
 KUBERNETES_COMMANDS = {
     "apply": "kubernetes_cmds:apply",
     "delete": "kubernetes_cmds:delete",
+    "events": "kubernetes_cmds:events",
     "get": "kubernetes_cmds:get",
     "list": "kubernetes_cmds:list_groups",
 }

@@ -135,7 +135,9 @@ class ComputeGroupManager:
         `follow=False` the iterator ends there; following, it outlives a
         restart of cgd and reads on after the last event it gave (a `gap`
         event says when some were missed). In a new iterator, pass the last
-        `seq` you saw as `since`.
+        `seq` you saw as `since`. On a cluster (the Kubernetes provider) the
+        events are those of the groups the provider made, and `seq`/`since`
+        are resourceVersions (docs/kubernetes.md, Events on a cluster).
         """
         return self.provider.events(since, follow)
 

@@ -145,7 +145,7 @@ def test_without_lightkube_cgctl_says_how_to_install_it(tmp_path: Path) -> None:
 
 
 def test_events_prints_the_clusters_changes_as_cgds_event_lines(cluster: EmulatedCluster, kubeconfig: Path) -> None:
-    """`cgctl --kubernetes events` (its registration under --kubernetes is cli/main.py's): the command itself."""
+    """`cgctl --kubernetes events`: the command itself, then as cgctl runs it."""
     from click.testing import CliRunner
 
     from computegroups.cli.context import CliContext
@@ -169,3 +169,6 @@ def test_events_prints_the_clusters_changes_as_cgds_event_lines(cluster: Emulate
     assert (event["type"], event["group"], event["gpus"]) == ("allocated", "train-0", [0])
     after = CliRunner().invoke(events, ["--since", str(event["seq"])], obj=CliContext(kubernetes=True), env=env)
     assert after.exit_code == 0 and after.output == ""
+    registered = cgctl(kubeconfig, "--kubernetes", "events")
+    assert registered.returncode == 0, registered.stderr
+    assert registered.stdout.split(None, 1)[1] == shown.output.split(None, 1)[1], "the same line, but its time"
