@@ -31,11 +31,11 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from computegroups.daemon.core.keeper import StateKeeper
 from computegroups.daemon.core.manager import Manager
 from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import (
     Caller,
-    StateKeeper,
     check_attachable,
     check_owner,
     drop_displaced,
