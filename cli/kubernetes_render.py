@@ -16,7 +16,6 @@ import click
 
 from computegroups.cli.connect import fail
 from computegroups.daemon.client.deployfile import DeploymentFileError, load_deployment
-from computegroups.daemon.kubernetes.cluster_errors import INSTALL_HINT
 
 WIDTH = 80
 
@@ -72,6 +71,8 @@ def _yaml_dumper() -> Any:
     try:
         import yaml
     except ImportError:
+        from computegroups.daemon.kubernetes.cluster_errors import INSTALL_HINT  # not for `cgctl --help`
+
         fail(f"rendering YAML needs PyYAML: {INSTALL_HINT}")
 
     class Dumper(yaml.SafeDumper):
