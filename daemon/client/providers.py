@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from typing import Any
 
 from computegroups.daemon.client.aio import AsyncCgdClient
@@ -148,22 +148,10 @@ class LocalComputeResourceProvider(ComputeResourceProvider):
         return dict(await self.cgd.create_group(dict(claim)))
 
     async def delete_group(self, group_id: str) -> bool:
-        try:
-            await self.cgd.delete_group(group_id)
-        except CgdError as exc:
-            if exc.code == "not_found":
-                return False
-            raise
-        return True
+        return await _found(self.cgd.delete_group(group_id))
 
     async def deallocate_group(self, group_id: str) -> bool:
-        try:
-            await self.cgd.deallocate_group(group_id)
-        except CgdError as exc:
-            if exc.code == "not_found":
-                return False
-            raise
-        return True
+        return await _found(self.cgd.deallocate_group(group_id))
 
     async def drain_group(self, group_id: str) -> dict[str, Json]:
         return dict(await self.cgd.drain_group(group_id))
@@ -192,3 +180,14 @@ class LocalComputeResourceProvider(ComputeResourceProvider):
                 return dict(answer["component"])
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"{component_name} was not {until} within {timeout:g}s")
+
+
+async def _found(request: Awaitable[Any]) -> bool:
+    """The provider's answer to a request about a group: False when cgd has no such group."""
+    try:
+        await request
+    except CgdError as exc:
+        if exc.code == "not_found":
+            return False
+        raise
+    return True
