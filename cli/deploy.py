@@ -54,15 +54,9 @@ def apply(path: str) -> None:
 def delete(name: str | None, path: str | None) -> None:
     """Delete deployment NAME (or the one FILE describes): its components,
     workers and groups, nothing else."""
-    if bool(name) == bool(path):
-        raise click.UsageError("name one deployment, or give -f FILE")
-    if path:
-        found = read_file(path).get("name")
-        if not isinstance(found, str) or not found:
-            fail(f"{path}: name: required (the deployment to delete)")
-        name = found
+    name = deployment_name(name, path)
     with talking():
-        result = client().send(Request("DELETE", f"/v1/deployments/{quote(name or '', safe='')}"))
+        result = client().send(Request("DELETE", f"/v1/deployments/{quote(name, safe='')}"))
     if json_wanted():
         emit_json({k: result[k] for k in ("deleted", "components", "groups", "workers")})
         return
@@ -119,6 +113,19 @@ def read_file(path: str) -> dict[str, Any]:
         return read_toml(path)
     except DeploymentFileError as exc:
         fail(str(exc))
+
+
+def deployment_name(name: str | None, path: str | None) -> str:
+    """The deployment `delete` names: NAME, or the `name` of deployment file PATH (one of them)."""
+    if bool(name) == bool(path):
+        raise click.UsageError("name one deployment, or give -f FILE")
+    if path:
+        found = read_file(path).get("name")
+        if not isinstance(found, str) or not found:
+            fail(f"{path}: name: required (the deployment to delete)")
+        return found
+    assert name is not None
+    return name
 
 
 # -- JSON projection and text ---------------------------------------------------

@@ -20,7 +20,7 @@ import click
 
 from computegroups.cli.connect import emit_json, emit_lines, fail, json_wanted
 from computegroups.cli.context import CliContext
-from computegroups.cli.deploy import read_file
+from computegroups.cli.deploy import deployment_name
 from computegroups.cli.kubernetes_render import read_deployment
 from computegroups.cli.render import devices_label, table
 from computegroups.daemon.client.errors import ClientError
@@ -128,14 +128,7 @@ def get(name: str | None) -> None:
 def delete(name: str | None, path: str | None) -> None:
     """Delete deployment NAME (or the one FILE describes) from the cluster:
     its PodCliqueSet, and with it Grove's pods and claims."""
-    if bool(name) == bool(path):
-        raise click.UsageError("name one deployment, or give -f FILE")
-    if path:
-        found = read_file(path).get("name")
-        if not isinstance(found, str) or not found:
-            fail(f"{path}: name: required (the deployment to delete)")
-        name = found
-    assert name is not None
+    name = deployment_name(name, path)
     result = on_cluster(lambda p: _deployments(p).delete(name))
     if json_wanted():
         emit_json(result)
