@@ -151,6 +151,12 @@ def check_state(m: Machine, a: Allocator) -> None:
             memory[d.gpu] = memory.get(d.gpu, 0) + d.memory_mib
             compute[d.gpu] = compute.get(d.gpu, 0) + d.compute_pct
     assert len(migs) == len(set(migs)), "a MIG instance given twice"
+    sizes: dict[int, int] = {}
+    for h in holdings:
+        for d in h.devices:
+            if d.mig_uuid is None and not d.whole:
+                sizes[d.memory_mib] = sizes.get(d.memory_mib, 0) + 1
+    assert a.ledger.share_sizes == sizes, "the ledger's live share sizes differ from the holdings"
     for g, ds in devices.items():
         assert memory.get(g, 0) <= (m.gpu(g).memory_mib or 0), f"memory of GPU {g} exceeded"
         assert compute.get(g, 0) <= 100, f"compute of GPU {g} exceeded"
