@@ -50,6 +50,7 @@ def may_use_mig(claim: Claim) -> bool:
 def share_options(rules: Rules, costs: StageCosts, reasons: dict[int, str]) -> list[DeviceChoice]:
     topo, claim = rules.topo, rules.claim
     found: list[DeviceChoice] = []
+    mix = _common_sizes(rules) if rules.strategy is Strategy.BINPACK else ()
 
     def big_enough(m: MigDevice) -> bool:
         return (m.memory_mib or 0) >= (claim.memory_mib or 0)
@@ -67,7 +68,7 @@ def share_options(rules: Rules, costs: StageCosts, reasons: dict[int, str]) -> l
             reasons[g] = why
             continue
         memory, compute = share_size(rules, g)
-        key = _share_key(rules, costs, g, memory, exclusive)
+        key = _share_key(rules, costs, g, memory, exclusive, mix)
         device = DeviceShare(gpu=g, mig_uuid=None, memory_mib=memory, compute_pct=compute, whole=False)
         found.append(DeviceChoice(key, device, exclusive, _share_note(rules, g, memory)))
     return found
@@ -146,6 +147,7 @@ def _size_key(rules: Rules, exclusive: frozenset[int] | None) -> int:
 
 def _share_key(
     rules: Rules, costs: StageCosts, g: int, memory: int, exclusive: frozenset[int] | None,
+    mix: tuple[int, ...],
 ) -> tuple[int, ...]:
     """binpack: a shared GPU first, where the share costs the fewest places for the shares now
     live (`_places_lost`), then the tightest fit; then an unused GPU where it breaks the fewest
@@ -158,7 +160,7 @@ def _share_key(
     if rules.strategy is Strategy.BINPACK:
         free = rules.free_memory(g)
         if rules.groups(g):
-            lost = _places_lost(free, memory, _mix(rules, memory))
+            lost = _places_lost(free, memory, {memory, *mix})
             return (*head, 0, lost, free - memory, _fresh(topo, costs, g), costs.fit[g], g, -1)
         return (*head, 2, _fresh(topo, costs, g), costs.fit[g], -free, g, -1)
     total = topo.memory[g]
@@ -166,14 +168,13 @@ def _share_key(
     return (*head, 0, used, costs.fit[g], len(rules.groups(g)), g, -1)
 
 
-def _mix(rules: Rules, memory: int) -> tuple[int, ...]:
-    """The share sizes to keep room for: the most common live ones (`MIX_SIZES`) and this one."""
+def _common_sizes(rules: Rules) -> tuple[int, ...]:
+    """The live share sizes to keep room for, besides the one asked: the `MIX_SIZES` most common."""
     live = rules.ledger.share_sizes
-    common = heapq.nsmallest(MIX_SIZES, live, key=lambda size: (-live[size], size))
-    return tuple({memory, *common})
+    return tuple(heapq.nsmallest(MIX_SIZES, live, key=lambda size: (-live[size], size)))
 
 
-def _places_lost(free: int, memory: int, sizes: tuple[int, ...]) -> int:
+def _places_lost(free: int, memory: int, sizes: set[int]) -> int:
     """How many shares of those sizes this GPU could take, less what it could after this one.
 
     Best fit alone would take 1 GiB from a GPU with 8 GiB free rather than from one with 9,
