@@ -27,6 +27,11 @@ what the objective's key 3 means), the disconnected sets handed out while a
 connected set of that size was free, and the NVLinks of the best connected
 quad and 8-GPU set left after each decision. `--lookahead-steps` makes the
 traces longer.
+
+Shares: seeded traces of plain memory shares (1/16 to 1/2 of a GPU) and
+releases on dgx1-v100, dgx-h100 and dgx-a100-mig, replayed through binpack and
+through best fit (the least memory left, written here), each against a fluid
+bound: the same trace with the plain GPUs' memory as one pool.
 """
 
 from __future__ import annotations
