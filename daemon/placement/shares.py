@@ -101,10 +101,12 @@ def _mig_options(rules: Rules, costs: StageCosts, g: int, reasons: dict[int, str
         penalty = int(holder is not None) + len(rules.ledger.exclusive_on[g] & rules.ignore)
         used = len(rules.groups(g) - {holder} if holder else rules.groups(g))
         if rules.strategy is Strategy.BINPACK:
-            rank: tuple[int, ...] = ((m.memory_mib or 0), int(used == 0), _fresh(rules.topo, costs, g), costs.fit[g])
+            rank: tuple[int, ...] = (int(used == 0), _fresh(rules.topo, costs, g), costs.fit[g])
         else:
             rank = (used,)
-        key = (penalty, _size_key(rules, exclusive), 3, *rank, g, m.index)
+        # The smallest instance first: what a plain share leaves of it is wasted (a `mig`
+        # claim's instances are all one size, so only the parent's rank orders them).
+        key = (penalty, _size_key(rules, exclusive), 3, m.memory_mib or 0, *rank, g, m.index)
         device = DeviceShare(gpu=g, mig_uuid=m.uuid, memory_mib=m.memory_mib or 0, compute_pct=100, whole=True)
         note = f"MIG {m.profile} instance {m.index} on GPU {g}"
         out.append(DeviceChoice(key, device, exclusive, note))
