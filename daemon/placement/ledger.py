@@ -23,14 +23,14 @@ class Ledger:
         self.compute_used = {g: 0 for g in self.total}
         self.groups_on: dict[int, set[str]] = {g: set() for g in self.total}
         self.whole_on: dict[int, int] = {g: 0 for g in self.total}
+        self.share_sizes: dict[int, int] = {}
+        """How many live GPU shares (not whole devices) have each memory size: the mix binpack packs for."""
         self.mig_holder: dict[str, str] = {}
         self.exclusive_on: dict[int, set[str]] = {g: set() for g in self.total}
         self.by_component: dict[str, set[str]] = {}
         self.unavailable: frozenset[int] = frozenset()
         self.foreign: dict[int, int] = {}
         self.cpus_used = 0
-        self.share_sizes: dict[int, int] = {}
-        """How many live GPU shares (not whole devices) have each memory size: the mix binpack packs for."""
 
     def add(self, h: Holding) -> None:
         if h.group_id in self.holdings:
