@@ -23,6 +23,8 @@ class Ledger:
         self.compute_used = {g: 0 for g in self.total}
         self.groups_on: dict[int, set[str]] = {g: set() for g in self.total}
         self.whole_on: dict[int, int] = {g: 0 for g in self.total}
+        self.share_sizes: dict[int, int] = {}
+        """How many live GPU shares (not whole devices) have each memory size: the mix binpack packs for."""
         self.mig_holder: dict[str, str] = {}
         self.exclusive_on: dict[int, set[str]] = {g: set() for g in self.total}
         self.by_component: dict[str, set[str]] = {}
@@ -71,10 +73,19 @@ class Ledger:
             self.memory_used[d.gpu] += sign * d.memory_mib
             self.compute_used[d.gpu] += sign * d.compute_pct
             self.whole_on[d.gpu] += sign * d.whole
+            if not d.whole:
+                self._count_size(d.memory_mib, sign)
         if h.exclusive_domain:
             for g in h.exclusive_domain:
                 if g in self.exclusive_on:
                     (self.exclusive_on[g].add if sign > 0 else self.exclusive_on[g].discard)(h.group_id)
+
+    def _count_size(self, memory: int, sign: int) -> None:
+        left = self.share_sizes.get(memory, 0) + sign
+        if left > 0:
+            self.share_sizes[memory] = left
+        else:
+            self.share_sizes.pop(memory, None)
 
     def set_unavailable(self, gpus: Iterable[int]) -> None:
         self.unavailable = frozenset(gpus)

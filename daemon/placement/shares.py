@@ -1,13 +1,15 @@
 """Shares of one GPU and MIG instances: rank every device that can take it.
 
 A share (DRA consumable capacity) never spans two devices, so the choice is a
-ranking, not a search: binpack puts it where it leaves the least memory over
-on a GPU already shared, spread where the GPU is least used. Which GPUs may be
+ranking, not a search: binpack puts it on a GPU already shared where it costs
+the fewest places for shares of the sizes now live, then where it leaves the
+least memory over; spread where the GPU is least used. Which GPUs may be
 shared at all, and how much a share takes, is decided here too.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +20,10 @@ from computegroups.daemon.placement.rules import Rules, holders
 from computegroups.daemon.placement.topo import Topo
 from computegroups.daemon.placement.wholes import StageCosts
 from computegroups.topology.model import MigDevice
+
+MIX_SIZES = 8
+"""The most common live share sizes binpack packs for: enough for a real mix, and a bound on the
+decision's cost when every share asked a different size."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ def may_use_mig(claim: Claim) -> bool:
 def share_options(rules: Rules, costs: StageCosts, reasons: dict[int, str]) -> list[DeviceChoice]:
     topo, claim = rules.topo, rules.claim
     found: list[DeviceChoice] = []
+    mix = _common_sizes(rules) if rules.strategy is Strategy.BINPACK else ()
 
     def big_enough(m: MigDevice) -> bool:
         return (m.memory_mib or 0) >= (claim.memory_mib or 0)
@@ -61,7 +68,7 @@ def share_options(rules: Rules, costs: StageCosts, reasons: dict[int, str]) -> l
             reasons[g] = why
             continue
         memory, compute = share_size(rules, g)
-        key = _share_key(rules, costs, g, memory, exclusive)
+        key = _share_key(rules, costs, g, memory, exclusive, mix)
         device = DeviceShare(gpu=g, mig_uuid=None, memory_mib=memory, compute_pct=compute, whole=False)
         found.append(DeviceChoice(key, device, exclusive, _share_note(rules, g, memory)))
     return found
@@ -94,10 +101,12 @@ def _mig_options(rules: Rules, costs: StageCosts, g: int, reasons: dict[int, str
         penalty = int(holder is not None) + len(rules.ledger.exclusive_on[g] & rules.ignore)
         used = len(rules.groups(g) - {holder} if holder else rules.groups(g))
         if rules.strategy is Strategy.BINPACK:
-            rank: tuple[int, ...] = (int(used == 0), (m.memory_mib or 0), _fresh(rules.topo, costs, g), costs.fit[g])
+            rank: tuple[int, ...] = (int(used == 0), _fresh(rules.topo, costs, g), costs.fit[g])
         else:
             rank = (used,)
-        key = (penalty, _size_key(rules, exclusive), 3, *rank, g, m.index)
+        # The smallest instance first: what a plain share leaves of it is wasted (a `mig`
+        # claim's instances are all one size, so only the parent's rank orders them).
+        key = (penalty, _size_key(rules, exclusive), 3, m.memory_mib or 0, *rank, g, m.index)
         device = DeviceShare(gpu=g, mig_uuid=m.uuid, memory_mib=m.memory_mib or 0, compute_pct=100, whole=True)
         note = f"MIG {m.profile} instance {m.index} on GPU {g}"
         out.append(DeviceChoice(key, device, exclusive, note))
@@ -140,21 +149,41 @@ def _size_key(rules: Rules, exclusive: frozenset[int] | None) -> int:
 
 def _share_key(
     rules: Rules, costs: StageCosts, g: int, memory: int, exclusive: frozenset[int] | None,
+    mix: tuple[int, ...],
 ) -> tuple[int, ...]:
-    """binpack: a shared GPU first (tightest fit), then an unused GPU where it breaks the
-    fewest unused domains (and has the most room for the next shares); spread: the least
-    used GPU (by the larger of memory and compute used), in the least used domains. A MIG
-    instance (class 3) comes after every GPU share: carving a whole instance for a plain
-    share wastes what the instance has over; a `mig` claim asks for one."""
+    """binpack: a shared GPU first, where the share costs the fewest places for the shares now
+    live (`_places_lost`), then the tightest fit; then an unused GPU where it breaks the fewest
+    unused domains (and has the most room for the next shares); spread: the least used GPU (by
+    the larger of memory and compute used), in the least used domains. A MIG instance (class 3)
+    comes after every GPU share: carving a whole instance for a plain share wastes what the
+    instance has over; a `mig` claim asks for one."""
     topo = rules.topo
     head = (rules.penalty(g), _size_key(rules, exclusive))
     if rules.strategy is Strategy.BINPACK:
+        free = rules.free_memory(g)
         if rules.groups(g):
-            return (*head, 0, rules.free_memory(g) - memory, _fresh(topo, costs, g), costs.fit[g], g, -1)
-        return (*head, 2, _fresh(topo, costs, g), costs.fit[g], -rules.free_memory(g), g, -1)
+            lost = _places_lost(free, memory, {memory, *mix})
+            return (*head, 0, lost, free - memory, _fresh(topo, costs, g), costs.fit[g], g, -1)
+        return (*head, 2, _fresh(topo, costs, g), costs.fit[g], -free, g, -1)
     total = topo.memory[g]
     used = max((total - rules.free_memory(g)) * 1000 // total, (100 - rules.free_compute(g)) * 10)
     return (*head, 0, used, costs.fit[g], len(rules.groups(g)), g, -1)
+
+
+def _common_sizes(rules: Rules) -> tuple[int, ...]:
+    """The live share sizes to keep room for, besides the one asked: the `MIX_SIZES` most common."""
+    live = rules.ledger.share_sizes
+    return tuple(heapq.nsmallest(MIX_SIZES, live, key=lambda size: (-live[size], size)))
+
+
+def _places_lost(free: int, memory: int, sizes: set[int]) -> int:
+    """How many shares of those sizes this GPU could take, less what it could after this one.
+
+    Best fit alone would take 1 GiB from a GPU with 8 GiB free rather than from one with 9,
+    leaving 7 and 9 where 8 and 8 still take two 8 GiB shares: over a trace of releases and
+    arrivals the free memory stays in pieces the live shares fit (benchmarks/allocator.py).
+    """
+    return sum(free // size - (free - memory) // size for size in sizes if size > 0)
 
 
 def _share_note(rules: Rules, g: int, memory: int) -> str:

@@ -15,7 +15,7 @@ from computegroups.daemon.placement.allocator import (
 )
 from computegroups.topology import load_machine, simulated_machine_names
 from computegroups.topology.model import DomainKind
-from tests.daemon.placement.allocator_machines import change, follow, islands
+from tests.daemon.placement.allocator_machines import PIX, build, change, follow, islands
 
 GIB = 1024
 
@@ -123,6 +123,16 @@ def test_binpack_fills_the_tightest_shared_gpu_first() -> None:
     one(a, Claim(memory_mib=20 * GIB, gpu_ids=(1,)), "mid")
     assert one(a, Claim(memory_mib=7 * GIB), "small").gpus == (0,)
     assert one(a, Claim(memory_mib=10 * GIB), "more").gpus == (1,)
+
+
+def test_binpack_keeps_room_for_the_share_sizes_in_use() -> None:
+    """8 and 9 GiB free, 8 GiB shares live: 1 GiB goes where it leaves 8 and 8, so two more
+    8 GiB shares fit; the tightest fit (8 -> 7, leaving 7 and 9) would refuse the second."""
+    a = Allocator(build("pair", [16 * GIB] * 2, {}, lambda x, y: PIX))
+    one(a, Claim(memory_mib=8 * GIB, gpu_ids=(0,)), "eight")
+    one(a, Claim(memory_mib=7 * GIB, gpu_ids=(1,)), "seven")
+    assert one(a, Claim(memory_mib=1 * GIB), "one").gpus == (1,)
+    assert {one(a, Claim(memory_mib=8 * GIB), gid).gpus for gid in ("next", "after")} == {(0,), (1,)}
 
 
 def test_share_without_memory_takes_the_default_share_not_the_gpu() -> None:
@@ -465,7 +475,6 @@ def test_a_claim_without_strategy_takes_the_configured_default() -> None:
 
 def test_exclusive_and_colocate_that_contradict_are_refused_with_why() -> None:
     """NVLink islands 0-3 and 4-7, NUMA nodes of the even and the odd GPUs: no island meets a node in 4."""
-    from tests.daemon.placement.allocator_machines import PIX, build
 
     nv = {(a, b): 12 for a in range(8) for b in range(a + 1, 8) if a // 4 == b // 4}
     m = build("crossed", [81559] * 8, nv, lambda a, b: PIX, numa=lambda g: g % 2)
@@ -485,6 +494,16 @@ def test_a_plain_memory_share_takes_a_gpu_share_before_a_mig_instance() -> None:
     assert share.devices[0].mig_uuid is None and not share.devices[0].whole
     instance = one(a, Claim(mig=small.profile), "asked")
     assert instance.devices[0].mig_uuid is not None
+
+
+def test_a_plain_share_that_needs_a_mig_instance_takes_the_smallest_that_fits() -> None:
+    """With the plain GPUs full, the 1g instance on GPU 7 rather than a 2g one beside a used 3g."""
+    m = machine("dgx-a100-mig")
+    a = Allocator(m)
+    one(a, Claim(gpus=6), "all")
+    one(a, Claim(mig="3g.20gb"), "big")
+    share = one(a, Claim(memory_mib=4 * GIB), "plain")
+    assert share.gpus == (7,) and "1g.5gb" in share.score.explanation
 
 
 def test_anti_affinity_right_after_the_group_it_avoids() -> None:

@@ -113,6 +113,8 @@ def check_placements(m: Machine, claim: Claim, placements: tuple[Placement, ...]
     if claim.distinct:
         gpus = [p.devices[0].gpu for p in placements]
         assert len(set(gpus)) == len(gpus), "distinct replicas share a GPU"
+    if not displaced:
+        check_mig_fallback(m, claim, placements[0], holdings, use_by_gpu)
     for p in placements:
         for d in p.devices:
             assert use_by_gpu[d.gpu].available, "placed on a draining GPU"
@@ -124,6 +126,24 @@ def check_placements(m: Machine, claim: Claim, placements: tuple[Placement, ...]
             assert not set(p.gpus) & near(m, others, term), "anti-affinity broken"
         for term in claim.affinity:
             assert set(p.gpus) <= near(m, others, term), "affinity broken"
+
+
+def check_mig_fallback(m: Machine, claim: Claim, first: Placement, holdings, use_by_gpu) -> None:
+    """Issue 15: a plain memory share takes a MIG instance only when no GPU share fits, and then
+    the smallest free one that fits (claims with placement rules of their own left out)."""
+    d = first.devices[0]
+    if (d.mig_uuid is None or claim.mig is not None or claim.affinity or claim.anti_affinity
+            or claim.exclusive is not None):
+        return
+    held_whole = {x.gpu for h in holdings for x in h.devices if x.whole and x.mig_uuid is None}
+    for g, u in use_by_gpu.items():
+        if not u.mig and u.available and g not in held_whole and u.exclusive_group is None:
+            assert u.memory_free_mib < (claim.memory_mib or 0), f"a MIG instance while GPU {g} had room"
+    taken = {x.mig_uuid for h in holdings for x in h.devices}
+    free = [i.memory_mib or 0 for g in m.gpus if use_by_gpu[g.index].available
+            and use_by_gpu[g.index].exclusive_group is None
+            for i in g.mig_devices if i.uuid not in taken and (i.memory_mib or 0) >= (claim.memory_mib or 0)]
+    assert d.memory_mib == min(free), "not the smallest free MIG instance that fits"
 
 
 def near(m: Machine, holdings, term: AffinityTerm) -> set[int]:
@@ -151,6 +171,12 @@ def check_state(m: Machine, a: Allocator) -> None:
             memory[d.gpu] = memory.get(d.gpu, 0) + d.memory_mib
             compute[d.gpu] = compute.get(d.gpu, 0) + d.compute_pct
     assert len(migs) == len(set(migs)), "a MIG instance given twice"
+    sizes: dict[int, int] = {}
+    for h in holdings:
+        for d in h.devices:
+            if d.mig_uuid is None and not d.whole:
+                sizes[d.memory_mib] = sizes.get(d.memory_mib, 0) + 1
+    assert a.ledger.share_sizes == sizes, "the ledger's live share sizes differ from the holdings"
     for g, ds in devices.items():
         assert memory.get(g, 0) <= (m.gpu(g).memory_mib or 0), f"memory of GPU {g} exceeded"
         assert compute.get(g, 0) <= 100, f"compute of GPU {g} exceeded"
