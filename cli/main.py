@@ -110,6 +110,9 @@ def main() -> None:
     try:
         code = cli.main(prog_name="cgctl", standalone_mode=False)
     except click.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+            click.echo(exc.ctx.get_help())  # `cgctl`, `cgctl group`: what is there, as git and kubectl answer
+            sys.exit(0)
         where = exc.ctx.command_path if exc.ctx is not None else "cgctl"
         click.echo(f"cgctl: error: {exc.format_message()} (see `{where} --help`)", err=True)
         sys.exit(exc.exit_code)

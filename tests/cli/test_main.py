@@ -31,6 +31,16 @@ def test_usage_errors_are_one_line(args: list[str], expected: str) -> None:
     assert len(lines) == 1 and expected in lines[0], done.stderr
 
 
+@pytest.mark.parametrize("args", [[], ["group"], ["render"]])
+def test_a_group_named_alone_prints_its_help(args: list[str]) -> None:
+    """A bare group is a question (what is there?), answered as git and kubectl do: the help on
+    stdout, exit 0; never an `error:` with the hint glued to the help's last line."""
+    done = subprocess.run([_executable("cgctl"), *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: {' '.join(['cgctl', *args])} [OPTIONS] COMMAND")
+    assert "Commands:" in done.stdout and done.stderr == ""
+
+
 def test_help_still_exits_zero() -> None:
     done = subprocess.run([_executable("cgctl"), "--help"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and "allocate" in done.stdout
