@@ -12,7 +12,8 @@ import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
 from computegroups.cli.options import build_claim, claim_options
-from computegroups.cli.render import devices_label, table
+from computegroups.cli.render import Step, devices_label, fitted_table
+from computegroups.cli.terminal import WIDTH, columns
 
 Doc = dict[str, Any]
 
@@ -54,17 +55,29 @@ def list_groups(**filters: Any) -> None:
     if json_wanted():
         emit_json({"groups": groups})
         return
+    emit_lines(groups_text(groups, columns()))
+
+
+STEPS: tuple[Step, ...] = (("shrink", 4, 20), ("shrink", 3, 20), ("shrink", 0, 16), ("shrink", 4, 12),
+                           ("shrink", 3, 12), ("shrink", 2, 8), ("shrink", 0, 10))
+"""How `cgctl group list` fits: users and owners (long component names) narrow first, then the ids."""
+
+
+def groups_text(groups: list[Doc], width: int = WIDTH) -> list[str]:
+    """The groups' table within `width` columns; names shortened keep their start and their end."""
     if not groups:
-        emit_lines(["no groups"])
-        return
-    emit_lines(table(["GROUP", "STATE", "GPUS", "OWNER", "USERS"], [group_row(g) for g in groups]))
+        return ["no groups"]
+    return fitted_table(["GROUP", "STATE", "GPUS", "OWNER", "USERS"], [group_row(g) for g in groups], width, STEPS,
+                        middle=(0, 3, 4))
 
 
 def group_row(g: Doc) -> list[str]:
     owner = f"{g['owner']} ({g['deployment']})" if g.get("deployment") else g["owner"]
     users = sorted({u.rsplit("/", 1)[0] for u in g.get("users") or []})
     shown = ",".join(users[:2]) + (f" +{len(users) - 2}" if len(users) > 2 else "")
-    return [g["id"], g["state"], devices_label(g.get("devices") or []), owner, shown or "-"]
+    cpus = (g.get("claim") or {}).get("cpus") if isinstance(g.get("claim"), dict) else None
+    gpus = devices_label(g["devices"]) if g.get("devices") else f"{cpus} CPUs" if cpus else "-"
+    return [g["id"], g["state"], gpus, owner, shown or "-"]
 
 
 @group.command("delete")

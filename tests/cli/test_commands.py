@@ -131,6 +131,15 @@ def test_release_one_and_fall_back_to_a_reservation(cgd: FakeCgd) -> None:
     assert cgctl("release", "train").stdout == "released train (groups train-0)\n"
 
 
+def test_release_of_many_groups_wraps_within_80_columns() -> None:
+    from computegroups.cli.release import release_text
+
+    groups = [f"a-component-with-a-long-name-{i}" for i in range(12)]
+    lines = release_text({"released": ["a-component-with-a-long-name"], "groups": groups, "reservations": []}, 80)
+    assert len(lines) > 1 and max(len(line) for line in lines) <= 80
+    assert " ".join(lines).count("a-component-with-a-long-name-") == 12
+
+
 def test_release_of_nothing_by_that_name_reports_the_component(cgd: FakeCgd) -> None:
     cgd.on("DELETE", "/v1/components/", CgdError(404, "not_found", "no component named 'x': see `cgctl list`"))
     cgd.on("DELETE", "/v1/reservations/", CgdError(404, "not_found", "no reservation named 'x'"))
