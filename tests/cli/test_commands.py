@@ -189,6 +189,7 @@ def test_status_text_long_and_json(cgd: FakeCgd, monkeypatch: pytest.MonkeyPatch
     cgd.on("GET", "/v1/components", {"components": components})
     cgd.on("GET", "/v1/reservations", {"reservations": reservations})
     cgd.on("GET", "/v1/health", {"status": "ok", "last_sample": sampled, "interval_s": 2.0})
+    cgd.on("GET", "/v1/groups", {"groups": []})
     text = cgctl("status").stdout
     assert "\x1b[" not in text  # not a terminal
     assert text.splitlines()[1].endswith("ada/web:run ada/web-sb:shadow") and "bob/later:reserved" in text
