@@ -65,11 +65,11 @@ def short_model(name: str | None) -> str:
 
 
 def occupants(gpu: Doc, components: Mapping[str, Doc], reservations: Mapping[str, Doc],
-              own_groups: Mapping[str, Doc] | None = None) -> list[Occupant]:
+              own_groups: Mapping[str, Doc] = MappingProxyType({})) -> list[Occupant]:
     """Who is on `gpu` and how each is doing there, the most worrying first; a group of its own that
     no component uses holds the GPU's memory as a reservation does, so it is named as one is."""
     found = [Occupant(gid, None, "own group", None) for gid in gpu.get("groups") or []
-             if gid in (own_groups or {}) and not own_groups[gid].get("users")]
+             if gid in own_groups and not own_groups[gid].get("users")]
     for entry in gpu.get("components") or []:
         name, measured = _entry(entry)
         if name in components:
