@@ -225,7 +225,7 @@ def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
         if placement:
             flag = "--" + next(iter(placement)).replace("_", "-")
             raise click.UsageError(f"{flag} chooses among GPUs: a --cpus claim alone has none")
-        return claim_cpu
+        return checked(claim_cpu)
     if not given:
         if placement:
             flag = "--" + next(iter(placement)).replace("_", "-")
@@ -244,6 +244,26 @@ def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
         claim["cpus"] = opts["cpus"]
     for key, value in placement.items():
         claim[key] = list(value) if isinstance(value, tuple) else value
+    return checked(claim)
+
+
+FLAGS = {"memory_mib": "--memory", "compute_pct": "--compute", "min_memory_mib": "--min-memory"}
+"""The claim's keys whose flag is not the key with dashes."""
+
+
+def checked(claim: dict[str, Json]) -> dict[str, Json]:
+    """`claim` as the model takes it, or a usage error (exit 2) naming the flag: a value out of the
+    model's bounds (`--priority 5000`) or flags that do not combine are the typist's, not cgd's."""
+    # Imported here, as the one copy of the rules cgd applies: the model costs start-up time
+    # that only the commands that send a claim need.
+    from computegroups.daemon.model.claims import Claim
+
+    try:
+        Claim.from_dict(claim)
+    except ValueError as exc:
+        key, _, problem = str(exc).removeprefix("claim.").partition(": ")
+        flag = FLAGS.get(key, "--" + key.replace("_", "-"))
+        raise click.UsageError(f"{flag}: {problem}" if problem else str(exc)) from None
     return claim
 
 

@@ -22,6 +22,9 @@ from tests.daemon_fixture import _executable
         (["no-such-command"], "cgctl: error: No such command 'no-such-command'"),
         (["allocate", "Bad_Name", "--gpus", "1"], "Invalid value for 'NAME': 'Bad_Name' is not a valid name"),
         (["restart", "web.1"], "Invalid value for 'NAME': 'web.1' is not a valid name"),
+        (["allocate", "x", "--gpus", "1", "--priority", "5000"], "--priority: must be between -1000 and 1000"),
+        (["events", "--since"], "requires an argument. (see `cgctl events --help`)"),
+        (["group", "list", "--state"], "(see `cgctl group list --help`)"),
     ],
 )
 def test_usage_errors_are_one_line(args: list[str], expected: str) -> None:
