@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -42,6 +43,16 @@ def test_a_group_named_alone_prints_its_help(args: list[str]) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"Usage: {' '.join(['cgctl', *args])} [OPTIONS] COMMAND")
     assert "Commands:" in done.stdout and done.stderr == ""
+
+
+def test_an_error_is_one_line_however_wide(tmp_path: Path) -> None:
+    """docs/cli.md: an error line is never wrapped or cut, so a script reads it whole."""
+    socket = tmp_path / ("a-rather-long-directory-name-" * 3) / "cgd.sock"
+    done = subprocess.run([_executable("cgctl"), "--socket", str(socket), "list"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and len(lines[0]) > 80 and str(socket) in lines[0], done.stderr
 
 
 def test_help_still_exits_zero() -> None:
