@@ -1,10 +1,11 @@
 """The compact status: one line per GPU, as `cgctl status` and `cgctl top` draw it.
 
 Pure functions of cgd's documents (`GET /v1/status`, `/v1/components`,
-`/v1/reservations`), so every picture is tested from JSON without a daemon or
-a terminal. `/v1/status` says who is on each GPU; the component and
+`/v1/reservations`, `/v1/groups`), so every picture is tested from JSON without
+a daemon or a terminal. `/v1/status` says who is on each GPU; the component and
 reservation documents say in which state and role, so a crash-looping worker,
-a shadow and a reservation read differently. The GPU's own `components` list
+a shadow and a reservation read differently; the group documents tell a group
+made on its own (owner `@UID`), which holds memory with no component on it. The GPU's own `components` list
 stays the truth of who is on it: a name the other documents do not know yet
 (they were read a moment apart) shows with state `-`.
 
