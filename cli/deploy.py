@@ -14,7 +14,8 @@ from urllib.parse import quote
 import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, fail, json_wanted, talking
-from computegroups.cli.render import devices_label, owner_name, table
+from computegroups.cli.render import Step, devices_label, fitted_table, owner_name, wrap
+from computegroups.cli.terminal import WIDTH, columns
 from computegroups.daemon.client.deployfile import DeploymentFileError, load_deployment, read_toml
 from computegroups.daemon.client.endpoints import Endpoints
 from computegroups.daemon.client.sync import CgdClient
@@ -79,9 +80,9 @@ def get(name: str | None) -> None:
     if json_wanted():
         emit_json({"deployments": found} if name is None else deployment_json(found))
     elif name is None:
-        emit_lines(list_text(found))
+        emit_lines(list_text(found, columns()))
     else:
-        emit_lines(tree_text(found))
+        emit_lines(tree_text(found, columns()))
 
 
 def scale_deployment(cgd: Endpoints[Any], target: str, replicas: int) -> dict[str, Any]:
@@ -98,7 +99,7 @@ def emit_changed(result: Doc, verb: str) -> None:
     if json_wanted():
         emit_json(deployment_json(result))
     else:
-        emit_lines(change_text(result, verb))
+        emit_lines(change_text(result, verb, columns()))
 
 
 def deployment_names(cgd: CgdClient) -> set[str]:
@@ -167,15 +168,17 @@ def _component_json(c: Doc) -> dict[str, Any]:
     }
 
 
-def change_text(d: Doc, verb: str) -> list[str]:
-    """What `apply` and `scale` print: the counts, then every name that came or went."""
+def change_text(d: Doc, verb: str, width: int = WIDTH) -> list[str]:
+    """What `apply` and `scale` print: the counts, then every name that came or went, wrapped
+    within `width` (a set of twelve replicas names dozens of groups)."""
     changes = d.get("changes") or {}
     if not any(changes.get(k) for k in CHANGE_KEYS[1:]):
         verb = "unchanged"
-    lines = [f"deployment {d['name']} {verb}: {len(d.get('groups') or [])} groups, {_count_workers(d)} workers"]
+    lines = wrap(f"deployment {d['name']} {verb}: {len(d.get('groups') or [])} groups, {_count_workers(d)} workers",
+                 width)
     for key in CHANGE_KEYS[1:]:
         if changes.get(key):
-            lines.append(f"  {key.replace('_', ' ')}: {', '.join(changes[key])}")
+            lines += wrap(f"  {key.replace('_', ' ')}: {', '.join(changes[key])}", width, indent="    ")
     return lines
 
 
@@ -193,16 +196,43 @@ def _components(d: Doc) -> list[Doc]:
     return out
 
 
-def list_text(deployments: Sequence[Doc]) -> list[str]:
+LIST_STEPS: tuple[Step, ...] = (("shrink", 6, 24), ("shrink", 0, 20), ("shrink", 5, 10), ("shrink", 6, 12),
+                                ("shrink", 0, 12))
+"""How `cgctl get` fits: the file's path narrows first (keeping its start and its file name), then
+long names and owners; the counts stay."""
+GROUP_STEPS: tuple[Step, ...] = (("shrink", 3, 16), ("shrink", 1, 10), ("shrink", 0, 24), ("shrink", 4, 10),
+                                 ("drop", 2, 0), ("shrink", 0, 16), ("shrink", 3, 10))
+"""How the tree's group table fits: owners and claims narrow before the ids (which tell the groups
+apart), then SCOPE goes."""
+
+
+def list_text(deployments: Sequence[Doc], width: int = WIDTH) -> list[str]:
     if not deployments:
-        return ["no deployments: `cgctl apply -f FILE` makes one"]
+        return wrap("no deployments: `cgctl apply -f FILE` makes one", width)
     rows = [[d["name"], str(d.get("replicas_wanted")), str(d.get("components")), str(d.get("groups")),
              str(d.get("workers")), owner_name(d), d.get("source") or "-"] for d in deployments]
-    return table(["NAME", "REPLICAS", "COMPONENTS", "GROUPS", "WORKERS", "OWNER", "FILE"], rows)
+    return fitted_table(["NAME", "REPLICAS", "COMPONENTS", "GROUPS", "WORKERS", "OWNER", "FILE"], rows, width,
+                        LIST_STEPS, middle=(0, 5, 6))
 
 
-def tree_text(d: Doc) -> list[str]:
-    """The deployment as a person reads it, one level per indent."""
+def tree_text(d: Doc, width: int = WIDTH) -> list[str]:
+    """The deployment as a person reads it, one level per indent; a line wider than `width` wraps
+    under its own level, the group table is fitted."""
+    lines = [wrapped for line in _tree_lines(d) for wrapped in wrap(line, width, indent=_indent(line) + "    ")]
+    groups = d.get("groups") or []
+    lines += wrap(f"  groups ({len(groups)}):", width)
+    rows = [[g["id"], str(g.get("claim") or "-"), g.get("scope") or "-", g.get("owner") or "-",
+             devices_label(g.get("devices") or []), str(len(g.get("users") or []))] for g in groups]
+    lines += ["    " + line for line in fitted_table(["GROUP", "CLAIM", "SCOPE", "OWNER", "GPUS", "USERS"], rows,
+                                                      width - 4, GROUP_STEPS, middle=(0, 1, 3))]
+    return lines
+
+
+def _indent(line: str) -> str:
+    return line[:len(line) - len(line.lstrip(" "))]
+
+
+def _tree_lines(d: Doc) -> list[str]:
     n = d.get("replicas_wanted")
     lines = [(f"deployment {d['name']}  {n} replica{'s' if n != 1 else ''}  owner {owner_name(d)}"
               f"  file {d.get('source') or '-'}"),
@@ -219,11 +249,6 @@ def tree_text(d: Doc) -> list[str]:
                 lines.append(f"      replica {gr['index']}  groups: {_ids(gr.get('groups'))}")
                 for c in gr.get("components") or []:
                     lines += _component_text(c, "        ")
-    groups = d.get("groups") or []
-    lines.append(f"  groups ({len(groups)}):")
-    rows = [[g["id"], g.get("claim") or "-", g.get("scope") or "-", g.get("owner") or "-",
-             devices_label(g.get("devices") or []), str(len(g.get("users") or []))] for g in groups]
-    lines += ["    " + line for line in table(["GROUP", "CLAIM", "SCOPE", "OWNER", "GPUS", "USERS"], rows)]
     return lines
 
 

@@ -11,11 +11,31 @@ import click
 from computegroups.cli.connect import client, json_wanted, talking
 from computegroups.cli.terminal import WIDTH, columns
 
+EPOCH_SPAN = 1_000_000_000
+"""cgd numbers its events `epoch * EPOCH_SPAN + n` (docs/api.md, Events), so no run gives a number
+below it but 0, "from the start"; cgd refuses those too, but a typo is a usage error here (exit 2)."""
+
+
+class SeqType(click.ParamType):
+    """An event's sequence number as cgd gives them: 0, or at least `EPOCH_SPAN`."""
+
+    name = "SEQ"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            seq = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a sequence number", param, ctx)
+        if seq != 0 and seq < EPOCH_SPAN:
+            self.fail(f"{seq} is no event number of cgd: they are epoch * {EPOCH_SPAN} + n (the `seq` of an "
+                      "event), or 0 for all kept", param, ctx)
+        return seq
+
 
 @click.command()
 @click.option("-f", "--follow", is_flag=True,
               help="Keep printing events as they happen, across restarts of cgd, until Ctrl-C.")
-@click.option("--since", type=int, metavar="SEQ",
+@click.option("--since", type=SeqType(), metavar="SEQ",
               help="Only events after this sequence number (the last one you saw); default: all kept.")
 @click.option("--json", is_flag=True, expose_value=False,
               help="One JSON object per line, as cgd sends them (cgctl's global --json, which may "

@@ -11,8 +11,9 @@ from typing import Any
 import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
-from computegroups.cli.options import build_claim, claim_options
-from computegroups.cli.render import devices_label, table
+from computegroups.cli.options import build_claim, group_claim_options
+from computegroups.cli.render import Step, devices_label, fitted_table, wrap
+from computegroups.cli.terminal import WIDTH, columns
 
 Doc = dict[str, Any]
 
@@ -23,24 +24,44 @@ def group() -> None:
 
 
 @group.command("create")
-@claim_options
-def create(**opts: Any) -> None:
+@group_claim_options
+@click.option("--explain", is_flag=True, help="Say why these devices were chosen (and how a sharing policy "
+                                              "rounded the share).")
+def create(explain: bool, **opts: Any) -> None:
     """Place a group that belongs to no component until one uses it (--group ID)."""
     claim = build_claim(opts)
     if claim is None:
-        raise click.UsageError("say what the group holds: --gpus N, --memory SIZE or --mig PROFILE")
+        raise click.UsageError("say what the group holds: --gpus N, --memory SIZE, --mig PROFILE or --cpus N")
     with talking():
         g = client().create_group(claim)
     if json_wanted():
         emit_json(g)
         return
-    emit_lines([f"group {g['id']} created on GPU {devices_label(g.get('devices') or [])}",
-                f"use it with `cgctl allocate NAME --group {g['id']} -- CMD`"])
+    emit_lines(created_text(g, explain, columns()))
+
+
+def created_text(g: Doc, explain: bool = False, width: int = WIDTH) -> list[str]:
+    """What `group create` prints within `width`: where the group is, how to use it, and why there
+    if asked (the group's own `explanation`)."""
+    lines = wrap(f"group {g['id']} created on {holds(g)}", width)
+    lines += wrap(f"use it with `cgctl allocate NAME --group {g['id']} -- CMD`", width)
+    if explain:
+        lines += wrap(f"why: {g.get('explanation') or 'cgd gave no explanation'}", width, indent="     ")
+    return lines
+
+
+def holds(g: Doc) -> str:
+    """`GPU 0-3`, `GPU 0[20GiB]`, or `4 CPUs` for a CPU-only group."""
+    if g.get("devices"):
+        return f"GPU {devices_label(g['devices'])}"
+    cpus = (g.get("claim") or {}).get("cpus") if isinstance(g.get("claim"), dict) else None
+    return f"{cpus} CPUs" if cpus else "no device"
 
 
 @group.command("list")
 @click.option("--component", help="Only groups this component owns or uses.")
-@click.option("--state", type=click.Choice(["reserved", "allocated", "draining", "degraded", "lost"]))
+@click.option("--state", type=click.Choice(["reserved", "allocated", "draining", "degraded", "lost"]),
+              help="Only groups in this state.")
 @click.option("--gpu", type=click.IntRange(min=0), help="Only groups on this GPU.")
 @click.option("--model", metavar="GLOB", help="Only groups on GPUs of this model.")
 @click.option("--pool", help="Only groups inside this pool.")
@@ -54,17 +75,28 @@ def list_groups(**filters: Any) -> None:
     if json_wanted():
         emit_json({"groups": groups})
         return
+    emit_lines(groups_text(groups, columns()))
+
+
+STEPS: tuple[Step, ...] = (("shrink", 4, 20), ("shrink", 3, 20), ("shrink", 0, 16), ("shrink", 4, 12),
+                           ("shrink", 3, 12), ("shrink", 2, 8), ("shrink", 0, 10))
+"""How `cgctl group list` fits: users and owners (long component names) narrow first, then the ids."""
+
+
+def groups_text(groups: list[Doc], width: int = WIDTH) -> list[str]:
+    """The groups' table within `width` columns; names shortened keep their start and their end."""
     if not groups:
-        emit_lines(["no groups"])
-        return
-    emit_lines(table(["GROUP", "STATE", "GPUS", "OWNER", "USERS"], [group_row(g) for g in groups]))
+        return ["no groups"]
+    return fitted_table(["GROUP", "STATE", "GPUS", "OWNER", "USERS"], [group_row(g) for g in groups], width, STEPS,
+                        middle=(0, 3, 4))
 
 
 def group_row(g: Doc) -> list[str]:
     owner = f"{g['owner']} ({g['deployment']})" if g.get("deployment") else g["owner"]
     users = sorted({u.rsplit("/", 1)[0] for u in g.get("users") or []})
     shown = ",".join(users[:2]) + (f" +{len(users) - 2}" if len(users) > 2 else "")
-    return [g["id"], g["state"], devices_label(g.get("devices") or []), owner, shown or "-"]
+    gpus = holds(g).removeprefix("GPU ").replace("no device", "-")
+    return [g["id"], g["state"], gpus, owner, shown or "-"]
 
 
 @group.command("delete")

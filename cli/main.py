@@ -105,12 +105,30 @@ def cli(ctx: click.Context, socket: str | None, simulate: str | None, json_outpu
                          context=context, namespace=namespace)
 
 
+def command_path(args: list[str]) -> str:
+    """`cgctl events` for `events --since` with its value missing: the command a usage error is
+    about, when click's parser raised it without the command's context (an option's missing value)."""
+    path, ctx = ["cgctl"], click.Context(cli)
+    command: click.Command = cli
+    for arg in args:
+        if arg == "--" or not isinstance(command, click.Group):
+            break
+        found = None if arg.startswith("-") else command.get_command(ctx, arg)
+        if found is not None:
+            path.append(arg)
+            command = found
+    return " ".join(path)
+
+
 def main() -> None:
     """Run cgctl; usage mistakes get the same one-line form as other errors."""
     try:
         code = cli.main(prog_name="cgctl", standalone_mode=False)
     except click.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx is not None else "cgctl"
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+            click.echo(exc.ctx.get_help())  # `cgctl`, `cgctl group`: what is there, as git and kubectl answer
+            sys.exit(0)
+        where = exc.ctx.command_path if exc.ctx is not None else command_path(sys.argv[1:])
         click.echo(f"cgctl: error: {exc.format_message()} (see `{where} --help`)", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:

@@ -129,38 +129,44 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
-claim_options = _stack(
-    click.option("--gpus", type=click.IntRange(min=1), help="Whole devices per replica."),
-    click.option("--memory", type=SizeType(), help="A share of one device: memory (20GiB, 512MiB, 20G)."),
-    click.option("--compute", type=click.IntRange(1, 100), metavar="PCT",
-                 help="A share of one device: percent of its SMs."),
-    click.option("--mig", metavar="PROFILE", help="A MIG instance of this profile (e.g. 1g.10gb)."),
-    click.option("--cpus", type=click.IntRange(min=0), metavar="N",
-                 help="CPUs counted against the machine's; alone, a CPU-only claim (no GPU)."),
-    click.option("--strategy", type=click.Choice(["binpack", "spread"]),
-                 help="binpack fills used GPUs first; spread takes the emptiest."),
-    click.option("--colocate", type=click.Choice([*DOMAINS, "machine", "none"]),
-                 help="Keep one replica's devices inside one domain."),
-    click.option("--exclusive", type=click.Choice(DOMAINS), help="Take a domain nobody else uses."),
-    click.option("--distinct", is_flag=True, default=None, help="Each replica on its own physical GPU."),
-    click.option("--pool", help="Only GPUs of this pool (cgd's config)."),
-    click.option("--gpu-ids", type=GpuIdsType(), help="Only these GPUs, e.g. 0,1."),
-    click.option("--priority", type=int, help="Higher priority takes over lower reservations."),
-    click.option("--allow-busy", is_flag=True, default=None,
-                 help="Accept GPUs with processes cgd does not manage."),
-    click.option("--affinity", type=AffinityType(), multiple=True,
-                 help="Place near COMPONENT (level device by default). Repeatable."),
-    click.option("--anti-affinity", type=AffinityType(), multiple=True,
-                 help="Place away from COMPONENT (level device by default). Repeatable."),
-    click.option("--share", type=click.Choice(["whole", "share", "any"]),
-                 help="For --memory/--compute: a whole GPU only, a share only, or either."),
-    click.option("--model", metavar="GLOB", help="Only GPUs whose model matches (e.g. '*H100*')."),
-    click.option("--min-memory", "min_memory_mib", type=SizeType(),
-                 help="Only GPUs with at least this much memory in all."),
-    click.option("--compute-capability", metavar="X.Y", help="Only GPUs of at least this compute capability."),
-    click.option("--same", type=click.Choice(["model"]),
-                 help="Every device of the request of one model (DRA matchAttribute)."),
-)
+def _claim_options(whole: str) -> Callable[[F], F]:
+    """The claim's flags; `whole` says what `--gpus` counts (a group has no replicas)."""
+    return _stack(
+        click.option("--gpus", type=click.IntRange(min=1), help=whole),
+        click.option("--memory", type=SizeType(), help="A share of one device: memory (20GiB, 512MiB, 20G)."),
+        click.option("--compute", type=click.IntRange(1, 100), metavar="PCT",
+                     help="A share of one device: percent of its SMs."),
+        click.option("--mig", metavar="PROFILE", help="A MIG instance of this profile (e.g. 1g.10gb)."),
+        click.option("--cpus", type=click.IntRange(min=0), metavar="N",
+                     help="CPUs counted against the machine's; alone, a CPU-only claim (no GPU)."),
+        click.option("--strategy", type=click.Choice(["binpack", "spread"]),
+                     help="binpack fills used GPUs first; spread takes the emptiest."),
+        click.option("--colocate", type=click.Choice([*DOMAINS, "machine", "none"]),
+                     help="Keep one replica's devices inside one domain."),
+        click.option("--exclusive", type=click.Choice(DOMAINS), help="Take a domain nobody else uses."),
+        click.option("--distinct", is_flag=True, default=None, help="Each replica on its own physical GPU."),
+        click.option("--pool", help="Only GPUs of this pool (cgd's config)."),
+        click.option("--gpu-ids", type=GpuIdsType(), help="Only these GPUs, e.g. 0,1."),
+        click.option("--priority", type=int, help="Higher priority takes over lower reservations."),
+        click.option("--allow-busy", is_flag=True, default=None,
+                     help="Accept GPUs with processes cgd does not manage."),
+        click.option("--affinity", type=AffinityType(), multiple=True,
+                     help="Place near COMPONENT (level device by default). Repeatable."),
+        click.option("--anti-affinity", type=AffinityType(), multiple=True,
+                     help="Place away from COMPONENT (level device by default). Repeatable."),
+        click.option("--share", type=click.Choice(["whole", "share", "any"]),
+                     help="For --memory/--compute: a whole GPU only, a share only, or either."),
+        click.option("--model", metavar="GLOB", help="Only GPUs whose model matches (e.g. '*H100*')."),
+        click.option("--min-memory", "min_memory_mib", type=SizeType(),
+                     help="Only GPUs with at least this much memory in all."),
+        click.option("--compute-capability", metavar="X.Y", help="Only GPUs of at least this compute capability."),
+        click.option("--same", type=click.Choice(["model"]),
+                     help="Every device of the request of one model (DRA matchAttribute)."),
+    )
+
+
+claim_options = _claim_options("Whole devices per replica.")
+group_claim_options = _claim_options("Whole devices the group holds.")
 
 shape_options = _stack(
     click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
@@ -225,7 +231,7 @@ def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
         if placement:
             flag = "--" + next(iter(placement)).replace("_", "-")
             raise click.UsageError(f"{flag} chooses among GPUs: a --cpus claim alone has none")
-        return claim_cpu
+        return checked(claim_cpu)
     if not given:
         if placement:
             flag = "--" + next(iter(placement)).replace("_", "-")
@@ -244,6 +250,26 @@ def build_claim(opts: Mapping[str, Any]) -> dict[str, Json] | None:
         claim["cpus"] = opts["cpus"]
     for key, value in placement.items():
         claim[key] = list(value) if isinstance(value, tuple) else value
+    return checked(claim)
+
+
+FLAGS = {"memory_mib": "--memory", "compute_pct": "--compute", "min_memory_mib": "--min-memory"}
+"""The claim's keys whose flag is not the key with dashes."""
+
+
+def checked(claim: dict[str, Json]) -> dict[str, Json]:
+    """`claim` as the model takes it, or a usage error (exit 2) naming the flag: a value out of the
+    model's bounds (`--priority 5000`) or flags that do not combine are the typist's, not cgd's."""
+    # Imported here, as the one copy of the rules cgd applies: the model costs start-up time
+    # that only the commands that send a claim need.
+    from computegroups.daemon.model.claims import Claim
+
+    try:
+        Claim.from_dict(claim)
+    except ValueError as exc:
+        key, _, problem = str(exc).removeprefix("claim.").partition(": ")
+        flag = FLAGS.get(key, "--" + key.replace("_", "-"))
+        raise click.UsageError(f"{flag}: {problem}" if problem else str(exc)) from None
     return claim
 
 

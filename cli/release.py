@@ -22,7 +22,7 @@ from computegroups.cli.connect import (
 )
 from computegroups.cli.deploy import deployment_names, emit_changed, scale_deployment
 from computegroups.cli.options import NAME, DurationType
-from computegroups.cli.render import component_json, component_text
+from computegroups.cli.render import component_json, component_text, wrap
 from computegroups.cli.terminal import columns
 from computegroups.daemon.client.errors import CgdError
 from computegroups.daemon.client.sync import CgdClient
@@ -53,12 +53,16 @@ def release(name: str | None, everything: bool, stop_timeout: float | None) -> N
     if json_wanted():
         emit_json(result)
         return
+    emit_lines(release_text(result, columns()))
+
+
+def release_text(result: dict[str, Any], width: int) -> list[str]:
+    """`released web (groups web-0)`; the names of many replicas' groups wrap within `width`."""
     released = result["released"] + result["reservations"]
     if not released:
-        emit_lines(["nothing to release"])
-        return
+        return ["nothing to release"]
     groups = f" (groups {', '.join(result['groups'])})" if result["groups"] else ""
-    emit_lines([f"released {', '.join(released)}{groups}"])
+    return wrap(f"released {', '.join(released)}{groups}", width)
 
 
 @contextmanager

@@ -335,7 +335,8 @@ def glance_lines(components: Sequence[Doc], width: int = WIDTH) -> list[str]:
     shown = [c for c in components if c not in ended] + ended[:ENDED_SHOWN]
     if not shown:
         return []
-    rows = [[_glance_state(c), str(c["name"])[:24], str(c.get("user") or "?")[:12], _glance_detail(c)]
+    rows = [[_glance_state(c), shorten(str(c["name"]), 24, middle=True), shorten(str(c.get("user") or "?"), 12, True),
+             _glance_detail(c)]
             for c in shown]
     lines = ["components:"] + ["  " + _fit(line, width - 2) for line in table(["", "", "", ""], rows)[1:]]
     if len(ended) > ENDED_SHOWN:

@@ -22,7 +22,7 @@ def look(cgd: CgdClient) -> Board:
     """One look at cgd: who is on each GPU, the state and role each of them is in, and how old a
     measurement may be before it is stale (three periods of cgd's health loop, when cgd says it)."""
     return Board.of(cgd.status(), cgd.list_components()["components"], cgd.list_reservations()["reservations"],
-                    now=time.time(), stale_after_s=stale_after(cgd.health()))
+                    now=time.time(), stale_after_s=stale_after(cgd.health()), groups=cgd.list_groups()["groups"])
 
 
 def stale_after(health: dict[str, object]) -> float:

@@ -1,10 +1,11 @@
 """The compact status: one line per GPU, as `cgctl status` and `cgctl top` draw it.
 
 Pure functions of cgd's documents (`GET /v1/status`, `/v1/components`,
-`/v1/reservations`), so every picture is tested from JSON without a daemon or
-a terminal. `/v1/status` says who is on each GPU; the component and
+`/v1/reservations`, `/v1/groups`), so every picture is tested from JSON without
+a daemon or a terminal. `/v1/status` says who is on each GPU; the component and
 reservation documents say in which state and role, so a crash-looping worker,
-a shadow and a reservation read differently. The GPU's own `components` list
+a shadow and a reservation read differently; the group documents tell a group
+made on its own (owner `@UID`), which holds memory with no component on it. The GPU's own `components` list
 stays the truth of who is on it: a name the other documents do not know yet
 (they were read a moment apart) shows with state `-`.
 
@@ -20,17 +21,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import click
 
-from computegroups.cli.render import Doc, Json, Style, glance_lines, size, state_loss_lines
+from computegroups.cli.render import Doc, Json, Style, glance_lines, shorten, size, state_loss_lines
 from computegroups.cli.terminal import WIDTH
 
-STATE_WORDS = {"running": "run", "starting": "start", "allocated": "held", "reservation": "reserved"}
+STATE_WORDS = {"running": "run", "starting": "start", "allocated": "held", "reservation": "reserved",
+               "own group": "group"}
 """How a state reads in a GPU line when a shorter word says the same; the others read as cgd names them."""
 SEVERITY = ("failed", "lost", "degraded", "timeout", "restarting", "starting", "running", "allocated",
-            "shadow", "completed", "reservation", "pending")
+            "shadow", "completed", "reservation", "own group", "pending")
 """Which occupants a GPU line names first: what needs a look, then what works, then what only holds."""
 ALERT_STATES = ("restarting", "failed", "degraded", "lost", "timeout")
 VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
@@ -49,7 +52,8 @@ class Occupant(NamedTuple):
     name: str
     user: str | None
     state: str
-    """A replica or component state, or `shadow` (a standby running), or `reservation`."""
+    """A replica or component state, or `shadow` (a standby running), `reservation`, or `own group`
+    (a group made by `cgctl group create` that no component uses: `name` is its id)."""
     memory_used_mib: int | None
 
 
@@ -61,9 +65,12 @@ def short_model(name: str | None) -> str:
     return " ".join(words)[:MODEL_WIDTH] or "-"
 
 
-def occupants(gpu: Doc, components: Mapping[str, Doc], reservations: Mapping[str, Doc]) -> list[Occupant]:
-    """Who is on `gpu` and how each is doing there, the most worrying first."""
-    found = []
+def occupants(gpu: Doc, components: Mapping[str, Doc], reservations: Mapping[str, Doc],
+              own_groups: Mapping[str, Doc] = MappingProxyType({})) -> list[Occupant]:
+    """Who is on `gpu` and how each is doing there, the most worrying first; a group of its own that
+    no component uses holds the GPU's memory as a reservation does, so it is named as one is."""
+    found = [Occupant(gid, None, "own group", None) for gid in gpu.get("groups") or []
+             if gid in own_groups and not own_groups[gid].get("users")]
     for entry in gpu.get("components") or []:
         name, measured = _entry(entry)
         if name in components:
@@ -255,7 +262,7 @@ def _colour(state: str) -> str | None:
         return "red"
     if state in ("restarting", "degraded", "starting"):
         return "yellow"
-    if state in ("shadow", "reservation", "pending"):
+    if state in ("shadow", "reservation", "own group", "pending"):
         return "cyan"
     return "green" if state == "running" else None
 
@@ -277,8 +284,8 @@ def _fit_tokens(tokens: Sequence[tuple[str, str]], room: int, prefix: str) -> st
         left = len(tokens) - i
         if not shown:
             cut = room - len(f" +{rest}") if rest else room
-            if cut >= 4:
-                return prefix + plain[:cut - 3] + "..." + (f" +{rest}" if rest else "")
+            if cut >= 4:  # a name keeps its start and its end (and so its state), as `cgctl list`'s do
+                return prefix + shorten(plain, cut, middle=True) + (f" +{rest}" if rest else "")
             return prefix + f"+{left}"[:room]
         return prefix + " ".join(shown) + f" +{left}"
     return prefix + " ".join(shown)
@@ -302,12 +309,14 @@ class Board(NamedTuple):
     """When the look was taken (Unix time, cgd's clock on the same host): measurements older than
     `stale_after_s` by then are stale. None: none is (a picture of documents alone)."""
     stale_after_s: float = STALE_AFTER_S
+    own_groups: Mapping[str, Doc] = MappingProxyType({})
+    """Groups made on their own (`cgctl group create`, owner `@UID`) by id, from `GET /v1/groups`."""
 
     @classmethod
     def of(cls, status: Doc, components: Iterable[Doc], reservations: Iterable[Doc],
-           now: float | None = None, stale_after_s: float = STALE_AFTER_S) -> Board:
+           now: float | None = None, stale_after_s: float = STALE_AFTER_S, groups: Iterable[Doc] = ()) -> Board:
         return cls(status, {c["name"]: c for c in components}, {r["name"]: r for r in reservations},
-                   now, stale_after_s)
+                   now, stale_after_s, {g["id"]: g for g in groups if str(g.get("owner") or "").startswith("@")})
 
     def age(self, gpu: Doc) -> float | None:
         """How many seconds old the GPU's sample was at `now` (None: no sample, or no `now`)."""
@@ -323,7 +332,7 @@ class Board(NamedTuple):
         return list(self.status.get("gpus") or [])
 
     def on(self, gpu: Doc) -> list[Occupant]:
-        return occupants(gpu, self.components, self.reservations)
+        return occupants(gpu, self.components, self.reservations, self.own_groups)
 
     @property
     def shared(self) -> bool:

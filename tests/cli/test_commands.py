@@ -105,6 +105,15 @@ def test_allocate_without_size_on_a_machine_without_gpus_runs_cpu_only(cgd: Fake
     ["allocate", "web", "--share-with", "db", "--gpus", "1"],
     ["allocate", "web", "--gpus", "1", "--env", "NOEQUALS"],
     ["reserve", "web", "--gpus", "1", "--ttl", "soon"],
+    ["allocate", "web", "--gpus", "1", "--compute-capability", "9"],
+    ["allocate", "web", "--gpus", "1", "--compute-capability", "abc"],
+    ["allocate", "web", "--gpus", "1", "--priority", "5000"],
+    ["allocate", "web", "--gpus", "2", "--gpu-ids", "3"],
+    ["allocate", "web", "--gpus", "1", "--share", "whole"],
+    ["reserve", "web", "--cpus", "2", "--priority", "-1001", "--ttl", "1h"],
+    ["group", "create", "--gpus", "1", "--priority", "5000"],
+    ["events", "--since", "-1"],
+    ["events", "--since", "5"],
     ["release"],
     ["release", "web", "--all"],
     ["scale", "web"],
@@ -129,6 +138,15 @@ def test_release_one_and_fall_back_to_a_reservation(cgd: FakeCgd) -> None:
     cgd.on("DELETE", "/v1/reservations/train", {"released": "train", "groups": ["train-0"]})
     assert cgctl("release", "web").stdout == "released web (groups web-0)\n"
     assert cgctl("release", "train").stdout == "released train (groups train-0)\n"
+
+
+def test_release_of_many_groups_wraps_within_80_columns() -> None:
+    from computegroups.cli.release import release_text
+
+    groups = [f"a-component-with-a-long-name-{i}" for i in range(12)]
+    lines = release_text({"released": ["a-component-with-a-long-name"], "groups": groups, "reservations": []}, 80)
+    assert len(lines) > 1 and max(len(line) for line in lines) <= 80
+    assert " ".join(lines).count("a-component-with-a-long-name-") == 12
 
 
 def test_release_of_nothing_by_that_name_reports_the_component(cgd: FakeCgd) -> None:
@@ -180,6 +198,7 @@ def test_status_text_long_and_json(cgd: FakeCgd, monkeypatch: pytest.MonkeyPatch
     cgd.on("GET", "/v1/components", {"components": components})
     cgd.on("GET", "/v1/reservations", {"reservations": reservations})
     cgd.on("GET", "/v1/health", {"status": "ok", "last_sample": sampled, "interval_s": 2.0})
+    cgd.on("GET", "/v1/groups", {"groups": []})
     text = cgctl("status").stdout
     assert "\x1b[" not in text  # not a terminal
     assert text.splitlines()[1].endswith("ada/web:run ada/web-sb:shadow") and "bob/later:reserved" in text

@@ -136,3 +136,36 @@ def test_scale_deployment_addresses_the_set_a_group_or_a_component(cgd: FakeCgd)
     scale_deployment(cgd, "rs", 2)
     scale_deployment(cgd, "rs/sga", 3)
     assert [b for _, _, b in cgd.sent()] == [{"target": None, "replicas": 2}, {"target": "sga", "replicas": 3}]
+
+
+def many_groups_tree() -> dict[str, Any]:
+    """Twelve replicas of a component of a long name, from a file deep in a home directory."""
+    long = "a-very-long-component-name-for-the-inference-server"
+    ids = [f"{long}-{i}-kv-cache-shared" for i in range(12)]
+    replicas = [{"index": i, "role": "primary", "state": "running", "restarts": 0, "promotions": 0,
+                 "groups": [ids[i]], "devices": [DEVICE], "cuda_visible_devices": "0",
+                 "pids": [100000 + i, 200000 + i]} for i in range(12)]
+    component = {"name": long, "path": f"rs-0-{long}", "state": "running", "shadow_of": None,
+                 "replicas_wanted": 12, "groups": ids, "replicas": replicas}
+    return tree(
+        source="/home/somebody-with-a-long-name/projects/inference/deployments/production-large.toml",
+        groups=[{"id": g, "claim": "kv-cache-shared", "owner": f"rs-0-{long}", "scope": "per-replica",
+                 "replica": 0, "state": "allocated", "users": [f"rs-0-{long}/0"], "devices": [DEVICE]}
+                for g in ids],
+        replicas=[{"index": 0, "groups": ids, "components": [component], "scaling_groups": []}],
+        changes={**CHANGES, "groups_created": ids})
+
+
+def test_get_apply_and_scale_text_fit_80_columns() -> None:
+    from computegroups.cli.deploy import change_text, list_text, tree_text
+
+    d = many_groups_tree()
+    listed = {"name": "a-deployment-with-a-rather-long-name", "replicas_wanted": 12, "components": 1,
+              "groups": 12, "workers": 12, "owner": {"user": "somebody-with-a-long-name"}, "source": d["source"]}
+    for lines in (change_text(d, "created"), tree_text(d), list_text([listed])):
+        assert lines and max(len(line) for line in lines) <= 80, "\n".join(lines)
+    created = change_text(d, "created")
+    assert " ".join(line.strip() for line in created).count("-kv-cache-shared") == 12  # wrapped, none lost
+    row = list_text([listed])[1]
+    assert "/home" in row and row.endswith(".toml")  # a path shortened keeps its start and its end
+    assert max(len(line) for line in tree_text(d, 50)) <= 50

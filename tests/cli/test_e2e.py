@@ -396,3 +396,16 @@ def test_json_may_follow_the_command_name_but_never_crosses_into_the_workers_com
               "--json")
     assert said.strip() == "['--json']"
 
+
+
+def test_status_names_a_group_of_its_own_and_group_create_explains(cgd: Cgd) -> None:
+    """Its memory counts as claimed, so the GPU line says whose it is: `group.N:group`, until a
+    component uses it (then the component is named)."""
+    made = ok(cgd, "group", "create", "--memory", "2GiB", "--explain")
+    gid = made.split()[1]
+    assert made.splitlines()[2].startswith("why: ") and all(len(line) <= 80 for line in made.splitlines()), made
+    gpu = ok_json(cgd, "group", "list")["groups"][0]["devices"][0]["index"]
+    line = next(text for text in ok(cgd, "status").splitlines() if text.lstrip().startswith(f"{gpu} "))
+    assert line.endswith(f"{gid}:group"), line
+    listed = ok(cgd, "group", "list").splitlines()
+    assert listed[1].split()[:2] == [gid, "allocated"] and listed[1].split()[2].startswith(f"{gpu}[2GiB"), listed

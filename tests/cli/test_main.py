@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -22,6 +23,9 @@ from tests.daemon_fixture import _executable
         (["no-such-command"], "cgctl: error: No such command 'no-such-command'"),
         (["allocate", "Bad_Name", "--gpus", "1"], "Invalid value for 'NAME': 'Bad_Name' is not a valid name"),
         (["restart", "web.1"], "Invalid value for 'NAME': 'web.1' is not a valid name"),
+        (["allocate", "x", "--gpus", "1", "--priority", "5000"], "--priority: must be between -1000 and 1000"),
+        (["events", "--since"], "requires an argument. (see `cgctl events --help`)"),
+        (["group", "list", "--state"], "(see `cgctl group list --help`)"),
     ],
 )
 def test_usage_errors_are_one_line(args: list[str], expected: str) -> None:
@@ -29,6 +33,26 @@ def test_usage_errors_are_one_line(args: list[str], expected: str) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], done.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["group"], ["render"]])
+def test_a_group_named_alone_prints_its_help(args: list[str]) -> None:
+    """A bare group is a question (what is there?), answered as git and kubectl do: the help on
+    stdout, exit 0; never an `error:` with the hint glued to the help's last line."""
+    done = subprocess.run([_executable("cgctl"), *args], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: {' '.join(['cgctl', *args])} [OPTIONS] COMMAND")
+    assert "Commands:" in done.stdout and done.stderr == ""
+
+
+def test_an_error_is_one_line_however_wide(tmp_path: Path) -> None:
+    """docs/cli.md: an error line is never wrapped or cut, so a script reads it whole."""
+    socket = tmp_path / ("a-rather-long-directory-name-" * 3) / "cgd.sock"
+    done = subprocess.run([_executable("cgctl"), "--socket", str(socket), "list"], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and len(lines[0]) > 80 and str(socket) in lines[0], done.stderr
 
 
 def test_help_still_exits_zero() -> None:

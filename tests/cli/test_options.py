@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import click
@@ -131,3 +132,16 @@ def test_reservation_body() -> None:
     assert body == {"name": "train", "claim": {"gpus": 4}, "replicas": 2, "ttl_s": 600.0, "scope": "all-replicas"}
     with pytest.raises(click.UsageError, match="holds capacity"):
         build_reservation("train", _opts(), 600.0)
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"gpus": 1, "compute_capability": "9"}, "--compute-capability: expected a compute capability such as '8.0'"),
+    ({"gpus": 1, "priority": 5000}, "--priority: must be between -1000 and 1000, got 5000"),
+    ({"gpus": 2, "gpu_ids": [3]}, "--gpu-ids: pins 1 GPU"),
+    ({"gpus": 1, "share": "whole"}, "--share: only for a memory/compute claim"),
+    ({"cpus": 2, "priority": -2000}, "--priority: must be between -1000 and 1000"),
+])
+def test_the_models_rules_refuse_a_claim_as_a_usage_error_naming_the_flag(given: dict[str, Any],
+                                                                         message: str) -> None:
+    with pytest.raises(click.UsageError, match="^" + re.escape(message)):
+        build_claim(_opts(**given))

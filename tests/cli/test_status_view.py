@@ -224,7 +224,7 @@ def test_narrow_terminals_drop_the_bar_then_the_model_and_keep_who() -> None:
     assert "[" not in at70["0"] and "H100 80GB" in at70["0"] and at70["0"].endswith("ada/web:run ada/web-sb:shadow")
     at40 = rows(status_lines(board(), plain, 40))
     assert at40["0"] == "  0  87% 48.0/79.6G  61C  ada/web:run +1"
-    assert at40["1"] == "  1   0%  0.0/79.6G  35C  bob/crash:r..."
+    assert at40["1"] == "  1   0%  0.0/79.6G  35C  bob/cr...rting"  # shortened in the middle: its state shows
 
 
 @given(st.integers(min_value=1, max_value=160))
@@ -288,3 +288,25 @@ def test_an_occupant_only_the_gpu_entry_knows_reads_as_that_entry_says() -> None
     assert [tuple(o) for o in occupants(listed, {}, {})] == [
         ("new", "dan", "running", 10), ("new-sb", "dan", "shadow", None), ("hold", "dan", "reservation", None),
         ("bare", None, "-", None)]
+
+
+def test_a_group_of_its_own_that_no_component_uses_is_named_on_its_gpu() -> None:
+    status = {"gpus": [gpu(0, groups=["group.5", "group.6", "web-0"], memory_allocated_mib=40960,
+                           components=["web"])]}
+    groups = [{"id": "group.5", "owner": "@1000", "users": []},
+              {"id": "group.6", "owner": "@1000", "users": ["web/0"]},  # used: the component is named
+              {"id": "web-0", "owner": "web", "users": ["web/0"]}]
+    shown = Board.of(status, [owned("web", "running", [replica(0, 0)])], [], groups=groups)
+    assert rows(gpu_lines(shown, 80, plain))["0"].endswith("  web:run group.5:group")
+    assert [o["name"] for o in status_json(shown)["gpus"][0]["occupants"]] == ["web", "group.5"]
+
+
+def test_names_in_the_status_keep_their_start_and_end() -> None:
+    long = "a-very-long-component-name-that-goes-on-1"
+    status = {"gpus": [gpu(0, components=[long, "b", "c"])]}
+    line = rows(gpu_lines(Board.of(status, [], []), 80, plain))["0"]
+    assert "..." in line and line.endswith("on-1:- +2") and len(line) <= 80
+    pending = {"name": "abcdefghij-abcdefghij-abcdefghij-end", "state": "pending", "user": "ada",
+               "queue": {"position": 1, "reason": "needs 8 whole GPUs"}}
+    glance = status_lines(Board.of({"gpus": [gpu(0)], "components": [pending]}, [], []), plain)
+    assert any("pending #1  abcdefghij-...efghij-end" in text for text in glance), glance
