@@ -242,8 +242,11 @@ def new_component_records(
             request, claim=groups[0].claim if groups else request.claim, scope=scope)
     else:
         if request.claim is None and not keeper.machine.gpus:
-            # Nothing to claim on a machine without GPUs: the component runs CPU-only, no CPUs counted.
-            request = msgspec.structs.replace(request, claim=Claim(cpus=0))
+            if not request.command:
+                raise BadRequest("claim: a component with no claim, no command and no group to attach to "
+                                 "holds and runs nothing: give a claim (cpus) or a command")
+            # Nothing else to claim on a machine without GPUs: the process runs on at least one CPU.
+            request = msgspec.structs.replace(request, claim=Claim(cpus=1))
         if request.claim is None:
             raise BadRequest("claim: required (or share_with, shadow_of, group, or a reservation of this name)")
         check_affinity_targets(doc, request.claim)
