@@ -111,14 +111,20 @@ def _claim_templates(spec: DeploymentSpec, sharing: str) -> tuple[list[Entry], l
         if claim.claim.kind != "cpu":
             templates.append({"name": claim.name,
                               "templateSpec": {"spec": claim_template_spec(claim.claim, sharing)}})
-        warnings += claim_warnings(claim, f"claims[{i}]", claim.name in per_replica)
-    shares = [f"claims[{i}]" for i, c in enumerate(spec.claims) if c.claim.kind == "share"]
+        warnings += claim_warnings(claim, _claim_path(spec, i), claim.name in per_replica)
+    shares = [_claim_path(spec, i) for i, c in enumerate(spec.claims) if c.claim.kind == "share"]
     if shares and sharing == "dra":
         more = f" (and {len(shares) - 1} more)" if len(shares) > 1 else ""
         warnings.append(f"{shares[0]}{more}: a share is rendered as consumable capacity (KEP-5075), which "
                         "needs a DRA driver that publishes shareable GPUs; NVIDIA's does not today "
                         "(--sharing mps renders MPS instead)")
     return templates, warnings
+
+
+def _claim_path(spec: DeploymentSpec, i: int) -> str:
+    """Claim `i` as its own file says it: an included file's claims are named by that file and their index there."""
+    where, path = spec.locate(f"claims[{i}]", None)
+    return f"{where}: {path}" if where else path
 
 
 def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str | None) -> tuple[Entry, list[str]]:
