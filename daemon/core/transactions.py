@@ -137,9 +137,9 @@ def attachable_group(doc: StateDoc, caller: Caller, gid: str) -> GroupRecord:
     check_owner(caller, g.owner_uid, f"group {gid!r}")
     if not standalone(g):
         raise BadRequest(f"group {gid!r} belongs to {g.owner!r}: attach with share_with {g.owner!r} instead")
-    if g.state != GroupState.ALLOCATED:
+    if g.state not in (GroupState.ALLOCATED, GroupState.DRAINING, GroupState.DEGRADED):
         raise Conflict(f"group {gid!r} is {g.state}: nothing new may attach to it")
-    return g
+    return g  # a draining one is refused by `check_attachable`, naming who and how to undrain
 
 
 def check_attachable(g: GroupRecord, users: Iterable[str]) -> None:
