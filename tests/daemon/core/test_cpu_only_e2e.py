@@ -42,7 +42,11 @@ def test_a_machine_without_gpus_runs_components(start_cgd: Callable[..., Cgd]) -
     ok(cgd, "allocate", "counted", "--cpus", str(cpus - 1), *CMD)
     state = cgd.state()
     err = refused(cgd, "allocate", "more", "--cpus", "1", *CMD)
-    assert f"needs 1 CPUs; 0 of the machine's {cpus} are not claimed" in err, err
+    assert f"needs 1 CPU; 0 of the machine's {cpus} are not claimed" in err, err
+    err = refused(cgd, "allocate", "shared", "--memory", "1GiB")
+    assert "this machine has no GPU: claim cpus alone" in err and "MIG" not in err, err
+    err = refused(cgd, "allocate", "whole", "--gpus", "1")
+    assert "this machine has no GPU" in err and "GPUs" not in err, err
     err = refused(cgd, "allocate", "nocmd")
     assert "no claim, no command and no group to attach to holds and runs nothing" in err, err
     for args in (("allocate", "cz", "--cpus", "0"), ("group", "create", "--cpus", "0")):
@@ -80,7 +84,7 @@ def test_cpus_are_counted_beside_gpus(cgd: Cgd) -> None:
         m = ComputeGroupManager(LocalComputeResourceProvider(cgd.socket))
         group = await m.allocate_compute_group("prep", {"cpus": 24}, {"command": list(CMD[1:])})
         assert group.devices == [] and group.resources["claim"] == {"cpus": 24} and group.gpu_indices == []
-        with pytest.raises(CgdError, match="needs 1 CPUs; 0 of the machine's 224 are not claimed"):
+        with pytest.raises(CgdError, match="needs 1 CPU; 0 of the machine's 224 are not claimed"):
             await m.allocate_compute_group("more", {"cpus": 1})
 
     asyncio.run(through_the_client())
