@@ -290,10 +290,10 @@ class AllocatorConfig:
     def pool_problems(self, gpu_count: int) -> list[str]:
         """Pools and sharing policies naming a GPU this machine lacks: a typo that would make a
         pool quietly smaller, or a policy quietly apply to nothing."""
-        where = f"({gpu_count} GPUs, 0-{gpu_count - 1})" if gpu_count else "(it has no GPU)"
-        return [f"pools.{name}: GPU {index} is not on this machine {where}"
+        has = {0: "it has no GPU", 1: "it has GPU 0"}.get(gpu_count, f"it has GPUs 0-{gpu_count - 1}")
+        return [f"pools.{name}: no GPU {index} on this machine ({has})"
                 for name, gpus in sorted(self.pools.items()) for index in sorted(gpus) if index >= gpu_count] + [
-                f"sharing.gpus.{index}: GPU {index} is not on this machine {where}"
+                f"sharing.gpus.{index}: no GPU {index} on this machine ({has})"
                 for index in sorted(self.sharing.gpus) if index >= gpu_count]
 
     def share_mib(self, device_mib: int) -> int:

@@ -142,8 +142,12 @@ def test_a_policy_for_a_gpu_the_machine_lacks_is_refused_at_start(start_cgd: Cal
     config.write_text("[sharing.gpus.9]\nshareable = false\n")
     with pytest.raises(RuntimeError) as failed:
         start_cgd(str(MIXED), "--config", str(config))
-    assert "cgd: error: configuration: sharing.gpus.9: GPU 9 is not on this machine (4 GPUs, 0-3)" \
-        in str(failed.value)
+    assert f"cgd: error: {config}: sharing.gpus.9: no GPU 9 on this machine (it has GPUs 0-3)" \
+        in str(failed.value), "names the file, the GPU and the GPUs there are"
+    config.write_text('[sharing.memory]\nvalid_range = { min = "32GiB", max = "2GiB" }\n')
+    with pytest.raises(RuntimeError) as failed:
+        start_cgd(str(MIXED), "--config", str(config))
+    assert f"{config}: sharing.memory: valid_range: max 2GiB is below min 32GiB" in str(failed.value)
     config.write_text('[sharing.memory]\ndefault = "3GiB"\nvalid_values = ["2GiB", "4GiB"]\n')
     with pytest.raises(RuntimeError) as failed:
         start_cgd(str(MIXED), "--config", str(config))
