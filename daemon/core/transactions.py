@@ -30,6 +30,7 @@ from computegroups.daemon.model.errors import (
 )
 from computegroups.daemon.model.refs import component_of, uses
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.model.words import plural
 from computegroups.daemon.placement.allocator import Placement
 from computegroups.statefiles.schema import (
     ComponentRecord,
@@ -215,7 +216,7 @@ def new_component_records(
             else:
                 if i >= target.replicas:
                     raise BadRequest(
-                        f"replicas: {target_name!r} has {target.replicas} replicas; "
+                        f"replicas: {target_name!r} has {plural(target.replicas, 'replica')}; "
                         f"per-replica sharing cannot give replica {i} a group"
                     )
                 targets = [g.id for g in doc.groups.values() if replica_ref(target_name, i) in g.users]
@@ -395,7 +396,7 @@ def check_scale_in(doc: StateDoc, comp: ComponentRecord, replicas: int) -> None:
         if dep.spec.scope == Scope.PER_REPLICA and dep.replicas > replicas:
             raise Conflict(
                 f"component {other!r} shares {comp.name!r} replica by replica with "
-                f"{dep.replicas} replicas: scale it down first"
+                f"{plural(dep.replicas, 'replica')}: scale it down first"
             )
 
 
@@ -428,7 +429,8 @@ def scale_component(
                                       if uses(g.users, target.name)})
                 else:
                     if i >= target.replicas:
-                        raise BadRequest(f"replicas: {target.name!r} has only {target.replicas} replicas to share")
+                        raise BadRequest(f"replicas: {target.name!r} has only "
+                                         f"{plural(target.replicas, 'replica')} to share")
                     targets = [g.id for g in doc.groups.values() if replica_ref(target.name, i) in g.users]
                 attach_refs(doc, targets, [ref])
         elif request.group is not None:
