@@ -405,8 +405,11 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.file.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        """What `DeploymentRecord.spec` keeps: the file and the counts as scaled."""
-        return {"file": self.file_dict(), "sizes": [s.to_dict() for s in self.sizes]}
+        """What `DeploymentRecord.spec` keeps: the file, the counts as scaled, and where its claims came from."""
+        out: dict[str, Any] = {"file": self.file_dict(), "sizes": [s.to_dict() for s in self.sizes]}
+        if self.included:
+            out["included"] = [{"path": part.path, "count": part.count} for part in self.included]
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> DeploymentSpec:
