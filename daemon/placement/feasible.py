@@ -62,13 +62,18 @@ def _where(claim: Claim) -> str:
     return " and ".join(parts) or "this machine"
 
 
+def _has(where: str) -> str:
+    """`where` with its verb: "this machine has", "the GPUs with model 'X' have"."""
+    return f"{where} {'have' if where.startswith('the ') or ' and ' in where else 'has'}"
+
+
 def _whole(topo: Topo, claim: Claim, gpus: list[int], groups: int, where: str) -> None:
     n = claim.gpus or 1
     mig = [g for g in topo.gpus if topo.mig[g]]
     note = f" ({gpus_phrase(mig)} have MIG enabled and take only mig claims)" if mig else ""
     if n * groups > len(gpus):
         total = f"{groups} groups of {plural(n, 'GPU')}" if groups > 1 else plural(n, "GPU")
-        raise NeverFits(f"needs {total}; {where} has {plural(len(gpus), 'GPU')} for whole claims{note}")
+        raise NeverFits(f"needs {total}; {_has(where)} {plural(len(gpus), 'GPU')} for whole claims{note}")
     for kind, label in ((claim.colocate, colocated), (claim.exclusive, _exclusively)):
         if kind is None:
             continue
@@ -78,7 +83,7 @@ def _whole(topo: Topo, claim: Claim, gpus: list[int], groups: int, where: str) -
                             f"has {sizes[0] if sizes else 0}")
         if kind is claim.exclusive and sum(size >= n for size in sizes) < groups:
             raise NeverFits(f"needs {groups} {domain_name(kind, True)} of {plural(n, 'GPU')}, one per group; "
-                            f"{where} has {sum(size >= n for size in sizes)}")
+                            f"{_has(where)} {sum(size >= n for size in sizes)}")
     if claim.colocate is not None and claim.exclusive is not None:
         _contradiction(topo, claim.exclusive, claim.colocate, n, set(gpus), groups, where)
 
@@ -113,7 +118,7 @@ def _mig(topo: Topo, claim: Claim, gpus: list[int], groups: int, where: str) -> 
         have = distinct if claim.distinct else len(matching)
         on = " on distinct GPUs" if claim.distinct else ""
         raise NeverFits(f"needs {plural(groups, f'{claim.mig} instance')}{on}; "
-                        f"{where} has {have}")
+                        f"{_has(where)} {have}")
 
 
 def _share(topo: Topo, config: AllocatorConfig, claim: Claim, gpus: list[int], groups: int, where: str) -> None:
@@ -131,14 +136,14 @@ def _share(topo: Topo, config: AllocatorConfig, claim: Claim, gpus: list[int], g
                         f"has {mib(largest)}")
     devices = len(set(fits) | {m.parent_index for m in migs})
     if claim.distinct and groups > devices:
-        raise NeverFits(f"needs {groups} shares on distinct GPUs; {where} has {plural(devices, 'GPU')} "
+        raise NeverFits(f"needs {groups} shares on distinct GPUs; {_has(where)} {plural(devices, 'GPU')} "
                         f"that can take one")
     if claim.exclusive is not None:
         doms = {topo.domain_of(claim.exclusive, g) for g in fits}
         doms.discard(None)
         if groups > len(doms):
             raise NeverFits(f"needs {groups} {domain_name(claim.exclusive, True)} to hold exclusively, "
-                            f"one per group; {where} has {len(doms)}")
+                            f"one per group; {_has(where)} {len(doms)}")
 
 
 def _share_fits(topo: Topo, config: AllocatorConfig, claim: Claim, g: int) -> bool:

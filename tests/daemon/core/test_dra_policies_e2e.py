@@ -87,7 +87,7 @@ def test_device_selectors_and_group_filters(start_cgd: Callable[..., Cgd], tmp_p
     assert ("no GPU of this machine has model '*V100*' (it has NVIDIA A100-SXM4-40GB (40GiB, 8.0), "
             "NVIDIA H100 80GB HBM3 (79GiB, 9.0))") in err, err
     err = refused(cgd, "allocate", "three", "--gpus", "3", "--compute-capability", "9.0")
-    assert "needs 3 GPUs; the GPUs with compute capability >= 9.0 has 2 GPUs for whole claims" in err, err
+    assert "needs 3 GPUs; the GPUs with compute capability >= 9.0 have 2 GPUs for whole claims" in err, err
     err = refused(cgd, "allocate", "two", "--gpus", "2", "--compute-capability", "9.0")
     assert "needs 2 whole GPUs; 0 free" in err and "GPU 0" not in err, err
     # One A100 and one H100 are whole-free (old and big hold one each; new shares an H100... or big's):

@@ -92,3 +92,11 @@ def test_same_model_refused_by_every_model_names_what_each_has() -> None:
         choices.place(a, Claim(gpus=5, same=SameAttribute.MODEL), ["r0"], "ada")
     assert str(now.value) == (f"same model: no one model has room for it now ({names[0]}: 8 GPUs, 1 free; "
                               f"{names[1]}: 8 GPUs, 4 free)")
+
+
+def test_a_refusal_about_several_gpus_takes_the_plural_verb() -> None:
+    with pytest.raises(NeverFits, match=r"needs 9 GPUs; the GPUs with model '\*H100\*' have 8 GPUs for whole"):
+        choices.place(allocator("two-islands-16"), Claim(gpus=9, model="*H100*"), ["g"], "ada")
+    with pytest.raises(NeverFits, match=r"needs 1 GPU; pool 'one' has 0 GPUs for whole claims"):
+        choices.place(Allocator(load_machine("dgx-a100-mig"), parse_config({"pools": {"one": [7]}}).allocator),
+                      Claim(gpus=1, pool="one"), ["g"], "ada")
