@@ -187,7 +187,7 @@ class Daemon:
         self.gateway, machine = open_machine(opts)
         problems = opts.config.allocator.pool_problems(len(machine.gpus))
         if problems:
-            raise StartupError(f"configuration: {'; '.join(problems)}")
+            raise StartupError(f"{opts.config.source}: {'; '.join(problems)}")
         store = StateStore(opts.state_dir)
         try:
             events = EventLog(next_epoch(opts.state_dir), opts.config.events.keep)

@@ -310,7 +310,7 @@ class ManagerBase:
     def group_record(self, gid: str):
         g = self.doc.groups.get(gid)
         if g is None:
-            raise NotFound(f"no group {gid!r}: `cgctl list` shows the groups in use")
+            raise NotFound(f"no group {gid!r}: `cgctl group list` shows the groups in use")
         return g
 
     @property

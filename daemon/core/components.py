@@ -35,6 +35,7 @@ from computegroups.daemon.core.workers import (
 from computegroups.daemon.model.enums import ComponentState, Scope
 from computegroups.daemon.model.errors import BadRequest, Conflict, InsufficientCapacity, NotFound, Unsatisfiable
 from computegroups.daemon.model.requests import ComponentRequest, check_env
+from computegroups.daemon.model.words import plural
 from computegroups.daemon.supervision.asuser import start_problem
 from computegroups.daemon.supervision.processes import start_time
 from computegroups.daemon.supervision.workerenv import owner_env
@@ -109,7 +110,8 @@ class Components(Groups):
                 comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
             if only_from is not None and comp.replicas != only_from:
-                raise Conflict(f"component {name!r} changed meanwhile ({comp.replicas} replicas now): ask again")
+                raise Conflict(f"component {name!r} changed meanwhile ({plural(comp.replicas, 'replica')} now): "
+                               "ask again")
             if comp.deployment:
                 raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
             closure, refs = self._begin_release([name])
@@ -130,7 +132,8 @@ class Components(Groups):
             comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
             if only_from is not None and comp.replicas != only_from:
-                raise Conflict(f"component {name!r} changed meanwhile ({comp.replicas} replicas now): ask again")
+                raise Conflict(f"component {name!r} changed meanwhile ({plural(comp.replicas, 'replica')} now): "
+                               "ask again")
             if comp.shadow_of:
                 raise BadRequest(f"{name!r} is a shadow of {comp.shadow_of!r}: scale the primary")
             if comp.deployment:

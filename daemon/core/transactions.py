@@ -30,6 +30,7 @@ from computegroups.daemon.model.errors import (
 )
 from computegroups.daemon.model.refs import component_of, uses
 from computegroups.daemon.model.requests import ComponentRequest, ReservationRequest
+from computegroups.daemon.model.words import plural
 from computegroups.daemon.placement.allocator import Placement
 from computegroups.statefiles.schema import (
     ComponentRecord,
@@ -137,9 +138,9 @@ def attachable_group(doc: StateDoc, caller: Caller, gid: str) -> GroupRecord:
     check_owner(caller, g.owner_uid, f"group {gid!r}")
     if not standalone(g):
         raise BadRequest(f"group {gid!r} belongs to {g.owner!r}: attach with share_with {g.owner!r} instead")
-    if g.state != GroupState.ALLOCATED:
+    if g.state not in (GroupState.ALLOCATED, GroupState.DRAINING, GroupState.DEGRADED):
         raise Conflict(f"group {gid!r} is {g.state}: nothing new may attach to it")
-    return g
+    return g  # a draining one is refused by `check_attachable`, naming who and how to undrain
 
 
 def check_attachable(g: GroupRecord, users: Iterable[str]) -> None:
@@ -215,7 +216,7 @@ def new_component_records(
             else:
                 if i >= target.replicas:
                     raise BadRequest(
-                        f"replicas: {target_name!r} has {target.replicas} replicas; "
+                        f"replicas: {target_name!r} has {plural(target.replicas, 'replica')}; "
                         f"per-replica sharing cannot give replica {i} a group"
                     )
                 targets = [g.id for g in doc.groups.values() if replica_ref(target_name, i) in g.users]
@@ -242,8 +243,11 @@ def new_component_records(
             request, claim=groups[0].claim if groups else request.claim, scope=scope)
     else:
         if request.claim is None and not keeper.machine.gpus:
-            # Nothing to claim on a machine without GPUs: the component runs CPU-only, no CPUs counted.
-            request = msgspec.structs.replace(request, claim=Claim(cpus=0))
+            if not request.command:
+                raise BadRequest("claim: a component with no claim, no command and no group to attach to "
+                                 "holds and runs nothing: give a claim (cpus) or a command")
+            # Nothing else to claim on a machine without GPUs: the process runs on at least one CPU.
+            request = msgspec.structs.replace(request, claim=Claim(cpus=1))
         if request.claim is None:
             raise BadRequest("claim: required (or share_with, shadow_of, group, or a reservation of this name)")
         check_affinity_targets(doc, request.claim)
@@ -392,7 +396,7 @@ def check_scale_in(doc: StateDoc, comp: ComponentRecord, replicas: int) -> None:
         if dep.spec.scope == Scope.PER_REPLICA and dep.replicas > replicas:
             raise Conflict(
                 f"component {other!r} shares {comp.name!r} replica by replica with "
-                f"{dep.replicas} replicas: scale it down first"
+                f"{plural(dep.replicas, 'replica')}: scale it down first"
             )
 
 
@@ -425,7 +429,8 @@ def scale_component(
                                       if uses(g.users, target.name)})
                 else:
                     if i >= target.replicas:
-                        raise BadRequest(f"replicas: {target.name!r} has only {target.replicas} replicas to share")
+                        raise BadRequest(f"replicas: {target.name!r} has only "
+                                         f"{plural(target.replicas, 'replica')} to share")
                     targets = [g.id for g in doc.groups.values() if replica_ref(target.name, i) in g.users]
                 attach_refs(doc, targets, [ref])
         elif request.group is not None:

@@ -82,7 +82,7 @@ def selector(**more: str) -> dict[str, str]:
 def check_claim(claim: Mapping[str, Json]) -> list[str]:
     """Refuse what has no Kubernetes form; answer the warnings of what is kept in a weaker form."""
     for key, why in UNSUPPORTED.items():
-        if claim.get(key) not in (None, False, (), []) or (key == "cpus" and key in claim):  # cpus = 0 too
+        if claim.get(key) not in (None, False, (), []):
             raise ValueError(f"{key}: not supported by the Kubernetes provider ({why})")
     for key, why in selector_problems(Claim.from_dict(claim)).items():
         raise ValueError(f"{key}: not supported by the Kubernetes provider ({why})")

@@ -76,6 +76,7 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
                               "component runs in a container on Kubernetes (give it an `image`, or "
                               "--image IMAGE for every component without one)")
     plan = _SharingPlan(spec)
+    cpus = {c.name: sum(spec.claim(n).cpus or 0 for n in plan.claims_of(c.name)) for c in spec.components}
     plan.drop({c.name for c in spec.claims if c.claim.kind == "cpu"})
     templates, warnings = _claim_templates(spec, sharing)
     warnings = plan.warnings + warnings
@@ -84,7 +85,7 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
                         "starts from the file's counts (scale it on the cluster)")
     cliques = []
     for i in range(len(spec.components)):
-        clique, notes = _clique(spec, i, plan, image)
+        clique, notes = _clique(spec, i, plan, image, cpus[spec.components[i].name])
         cliques.append(clique)
         warnings += notes
     template: dict[str, Any] = {"cliques": cliques}
@@ -106,13 +107,15 @@ def render_deployment(spec: DeploymentSpec, *, namespace: str, image: str | None
 def _claim_templates(spec: DeploymentSpec, sharing: str) -> tuple[list[Entry], list[str]]:
     """The set's `resourceClaimTemplates`, and what the claims say that they do not carry."""
     per_replica = {e.claim for _, e in _all_entries(spec) if e.scope is Scope.PER_REPLICA}
+    all_replicas = {e.claim for _, e in _all_entries(spec) if e.scope is Scope.ALL_REPLICAS}
     templates, warnings = [], []
     for i, claim in enumerate(spec.claims):
         if claim.claim.kind != "cpu":
             templates.append({"name": claim.name,
                               "templateSpec": {"spec": claim_template_spec(claim.claim, sharing)}})
-        warnings += claim_warnings(claim, f"claims[{i}]", claim.name in per_replica)
-    shares = [f"claims[{i}]" for i, c in enumerate(spec.claims) if c.claim.kind == "share"]
+        warnings += claim_warnings(claim, _claim_path(spec, i), claim.name in per_replica,
+                                   claim.name in all_replicas)
+    shares = [_claim_path(spec, i) for i, c in enumerate(spec.claims) if c.claim.kind == "share"]
     if shares and sharing == "dra":
         more = f" (and {len(shares) - 1} more)" if len(shares) > 1 else ""
         warnings.append(f"{shares[0]}{more}: a share is rendered as consumable capacity (KEP-5075), which "
@@ -121,8 +124,18 @@ def _claim_templates(spec: DeploymentSpec, sharing: str) -> tuple[list[Entry], l
     return templates, warnings
 
 
-def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str | None) -> tuple[Entry, list[str]]:
-    """Component `i` as a clique, and what its process rules say that a pod does not carry."""
+def _claim_path(spec: DeploymentSpec, i: int) -> str:
+    """Claim `i` as its own file says it: an included file's claims are named by that file and their index there."""
+    where, path = spec.locate(f"claims[{i}]", None)
+    return f"{where}: {path}" if where else path
+
+
+def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str | None,
+            cpus: int) -> tuple[Entry, list[str]]:
+    """Component `i` as a clique, and what its process rules say that a pod does not carry.
+
+    `cpus`, what the claims it uses count, is its container's CPU request: a request, not a limit,
+    as cgd counts CPUs without pinning or capping them."""
     c = spec.components[i]
     request = c.request(c.name, c.shadow_of)
     if c.time_limit_s is not None:  # a pod's limit only: cgd does not apply it to a deployment's services
@@ -140,7 +153,7 @@ def _clique(spec: DeploymentSpec, i: int, plan: _SharingPlan, image: str | None)
                         f"standby the primary's role when {c.shadow_of!r} fails)")
     if plan.cliques[c.name]:
         clique["resourceSharing"] = plan.cliques[c.name]
-    pod = pod_spec(request, c.name, c.image or str(image), affinity)
+    pod = pod_spec(request, c.name, c.image or str(image), affinity, cpus)
     clique["spec"] = {"roleName": c.name, "replicas": replicas, "podSpec": pod}
     return clique, warnings
 

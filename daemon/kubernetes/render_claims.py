@@ -157,17 +157,17 @@ def pod_affinity(claim: Claim, label: str) -> dict[str, Any]:
     return out
 
 
-def claim_warnings(spec: ClaimSpec, path: str, per_replica: bool) -> list[str]:
-    """What `spec` (the file's claim at `path`) says that the rendered claim does not carry."""
+def claim_warnings(spec: ClaimSpec, path: str, per_replica: bool, all_replicas: bool = False) -> list[str]:
+    """What `spec` (the file's claim at `path`) says that the rendered claim does not carry.
+
+    Its `cpus` are rendered, as the CPU request of the containers that use it (render.py); only
+    a claim shared by all replicas counts them differently: once on one box, in each pod on a cluster.
+    """
     claim = spec.claim
     out = []
-    if claim.kind == "cpu":
-        out.append(f"{path}.cpus: a CPU-only claim has no DRA form (CPUs are a container's "
-                   "resources.requests.cpu on Kubernetes); no claim template is rendered for it and "
-                   "nothing shares it")
-    elif claim.cpus is not None:
-        out.append(f"{path}.cpus: CPUs are a container's resources.requests.cpu on Kubernetes, not part of "
-                   "a DRA claim; not rendered")
+    if claim.cpus is not None and all_replicas:
+        out.append(f"{path}.cpus: shared by all replicas, counted once by cgd; on Kubernetes each pod "
+                   "that uses it requests them (resources.requests.cpu is a container's own)")
     for key, why in selector_problems(claim).items():
         out.append(f"{path}.{key}: {why}; not rendered")
     if claim.gpu_ids is not None:

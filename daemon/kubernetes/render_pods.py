@@ -22,9 +22,12 @@ RESTART_POLICIES = {RestartMode.ALWAYS: "Always", RestartMode.ON_FAILURE: "OnFai
 _DEFAULT_RESTART = RestartSpec()
 
 
-def pod_spec(request: ComponentRequest, container: str, image: str, affinity: dict[str, Any]) -> dict[str, Any]:
-    """The pod spec of one replica of `request`, its one container named `container`."""
+def pod_spec(request: ComponentRequest, container: str, image: str, affinity: dict[str, Any],
+             cpus: int = 0) -> dict[str, Any]:
+    """The pod spec of one replica of `request`, its one container named `container` (requesting `cpus`)."""
     main: dict[str, Any] = {"name": container, "image": image}
+    if cpus:
+        main["resources"] = {"requests": {"cpu": str(cpus)}}
     if request.command is not None:
         main["command"] = ["/bin/sh", "-c", request.command[0]] if request.shell else list(request.command)
     if request.env:

@@ -28,6 +28,7 @@ from computegroups.daemon.model.enums import StrEnum
 from computegroups.daemon.model.names import NAME_PATTERN, NAME_PROBLEM, NAME_RE
 from computegroups.daemon.model.sharepolicy import SharingRules
 from computegroups.daemon.model.sizes import parse_size
+from computegroups.daemon.model.words import plural
 from computegroups.topology.model import DomainKind
 
 MAX_GPUS = 1024
@@ -169,9 +170,9 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """Device selector: the GPU's compute capability is at least this (`8.0`)."""
     same: SameAttribute | None = None
     """Every device of the request has the same value of this attribute (DRA's matchAttribute)."""
-    cpus: Annotated[int, Meta(ge=0, le=MAX_CPUS)] | None = None
+    cpus: Annotated[int, Meta(ge=1, le=MAX_CPUS)] | None = None
     """CPUs counted against the machine's (never oversubscribed); alone, a CPU-only claim with no
-    device at all (0: supervised, but no CPUs counted)."""
+    device at all. At least 1: a claim of no CPUs would hold nothing."""
 
     def __post_init__(self) -> None:
         set_ = msgspec.structs.force_setattr
@@ -259,7 +260,9 @@ def _check_ranges(c: Claim) -> None:
         if len(set(c.gpu_ids)) != len(c.gpu_ids):
             raise ValueError("gpu_ids: a GPU is listed twice")
         if c.gpus is not None and len(c.gpu_ids) < c.gpus:
-            raise ValueError(f"gpu_ids: pins {len(c.gpu_ids)} GPUs but gpus asks for {c.gpus}")
+            raise ValueError(f"gpu_ids: pins {plural(len(c.gpu_ids), 'GPU')} but the claim asks for {c.gpus}")
+    if c.cpus is not None and c.cpus < 1:
+        raise ValueError(f"cpus: must be at least 1, got {c.cpus} (a claim of no CPUs holds nothing)")
 
 
 @dataclass(frozen=True)
@@ -287,10 +290,10 @@ class AllocatorConfig:
     def pool_problems(self, gpu_count: int) -> list[str]:
         """Pools and sharing policies naming a GPU this machine lacks: a typo that would make a
         pool quietly smaller, or a policy quietly apply to nothing."""
-        where = f"({gpu_count} GPUs, 0-{gpu_count - 1})" if gpu_count else "(it has no GPU)"
-        return [f"pools.{name}: GPU {index} is not on this machine {where}"
+        has = {0: "it has no GPU", 1: "it has GPU 0"}.get(gpu_count, f"it has GPUs 0-{gpu_count - 1}")
+        return [f"pools.{name}: no GPU {index} on this machine ({has})"
                 for name, gpus in sorted(self.pools.items()) for index in sorted(gpus) if index >= gpu_count] + [
-                f"sharing.gpus.{index}: GPU {index} is not on this machine {where}"
+                f"sharing.gpus.{index}: no GPU {index} on this machine ({has})"
                 for index in sorted(self.sharing.gpus) if index >= gpu_count]
 
     def share_mib(self, device_mib: int) -> int:

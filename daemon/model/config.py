@@ -237,6 +237,8 @@ class DaemonConfig(msgspec.Struct, frozen=True, kw_only=True):
     jobs: JobsConfig = msgspec.field(default_factory=JobsConfig)
     events: EventsConfig = msgspec.field(default_factory=EventsConfig)
     metrics_listen: str | None = None
+    source: str = "config"
+    """The file the settings were read from: a problem found later (a GPU the machine lacks) names it."""
 
 
 def load_config(path: str | Path | None) -> DaemonConfig:
@@ -255,6 +257,6 @@ def load_config(path: str | Path | None) -> DaemonConfig:
 
 def parse_config(data: dict[str, Any], name: str = "config") -> DaemonConfig:
     try:
-        return convert(data, ConfigFile).daemon_config()
+        return msgspec.structs.replace(convert(data, ConfigFile).daemon_config(), source=name)
     except ModelError as exc:
         raise ConfigError(f"{name}: {exc}") from None

@@ -19,6 +19,7 @@ replica starts from its template. `DeploymentSpec` is exactly what
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
@@ -300,11 +301,20 @@ class DeploymentFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         }
 
 
-class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class IncludedClaims(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How many of a deployment's claims one included file gave (they come first, in `include` order)."""
+
+    path: Annotated[str, Meta(min_length=1, max_length=MAX_SOURCE, pattern=_NO_NUL)]
+    count: Annotated[int, Meta(ge=0)]
+
+
+class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     """A deployment as applied and scaled: what `DeploymentRecord.spec` keeps."""
 
     file: DeploymentFile
     sizes: tuple[ReplicaSizes, ...]
+    included: tuple[IncludedClaims, ...] = ()
+    """Where the merged `claims` came from, so that a message about one names its own file and index."""
 
     @property
     def name(self) -> str:
@@ -343,6 +353,12 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     def file_sizes(self) -> ReplicaSizes:
         """The counts a fresh set replica starts with: the file's."""
         return _file_sizes(self.file)
+
+    def locate(self, path: str, source: str | None) -> tuple[str | None, str]:
+        """The file and path a message about `path` (of the merged file `source`) should name:
+        `claims[3].cpus` may be an included file's `claims[1].cpus`."""
+        return _locate(self.included, path, source)
+
 
     def scaled(self, target: str | None, replicas: int) -> DeploymentSpec:
         """The spec after `cgctl scale`: the set (target None), a scaling group
@@ -389,13 +405,31 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.file.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        """What `DeploymentRecord.spec` keeps: the file and the counts as scaled."""
-        return {"file": self.file_dict(), "sizes": [s.to_dict() for s in self.sizes]}
+        """What `DeploymentRecord.spec` keeps: the file, the counts as scaled, and where its claims came from."""
+        out: dict[str, Any] = {"file": self.file_dict(), "sizes": [s.to_dict() for s in self.sizes]}
+        if self.included:
+            out["included"] = [{"path": part.path, "count": part.count} for part in self.included]
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> DeploymentSpec:
         """A stored spec; it was checked when applied, and is checked again on the way in."""
         return _decode(data, cls, None)
+
+
+_CLAIM_PATH = re.compile(r"^claims\[(\d+)\](.*)$")
+
+
+def _locate(included: tuple[IncludedClaims, ...], path: str, source: str | None) -> tuple[str | None, str]:
+    match = _CLAIM_PATH.match(path)
+    if match is None:
+        return source, path
+    index = int(match.group(1))
+    for part in included:
+        if index < part.count:
+            return part.path, f"claims[{index}]{match.group(2)}"
+        index -= part.count
+    return source, f"claims[{index}]{match.group(2)}"
 
 
 def parse(data: Any, source: str | None = None, included: dict[str, Any] | None = None) -> DeploymentSpec:
@@ -406,13 +440,18 @@ def parse(data: Any, source: str | None = None, included: dict[str, Any] | None 
     before the file's own, in the order listed, and `included` holds their
     content, read by the client.
     """
+    parts: tuple[IncludedClaims, ...] = ()
     if isinstance(data, dict) and "include" in data:
-        data = _with_included(data, source, included or {})
+        data, parts = _with_included(data, source, included or {})
     elif included:
         raise DeploymentError("include", f"{', '.join(sorted(included))}: sent, but the file includes nothing",
                               source)
-    file = _decode(data, DeploymentFile, source)
-    return DeploymentSpec(file=file, sizes=(_file_sizes(file),) * file.replicas)
+    try:
+        file = _decode(data, DeploymentFile, source)
+    except DeploymentError as exc:
+        where, path = _locate(parts, exc.path, source)
+        raise DeploymentError(path, exc.problem, where) from None
+    return DeploymentSpec(file=file, sizes=(_file_sizes(file),) * file.replicas, included=parts)
 
 
 class IncludedFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -421,7 +460,8 @@ class IncludedFile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     claims: tuple[ClaimSpec, ...] = ()
 
 
-def _with_included(data: dict[str, Any], source: str | None, included: dict[str, Any]) -> dict[str, Any]:
+def _with_included(data: dict[str, Any], source: str | None,
+                   included: dict[str, Any]) -> tuple[dict[str, Any], tuple[IncludedClaims, ...]]:
     paths = data["include"]
     if not isinstance(paths, list) or not all(isinstance(p, str) and p for p in paths):
         raise DeploymentError("include", "expected a list of file paths", source)
@@ -431,6 +471,7 @@ def _with_included(data: dict[str, Any], source: str | None, included: dict[str,
     if unsent:
         raise DeploymentError("include", f"{unsent[0]}: sent, but not listed in include", source)
     claims: list[Any] = []
+    parts: list[IncludedClaims] = []
     defined: dict[str, str] = {}
     for i, path in enumerate(paths):
         if path not in included:
@@ -447,12 +488,13 @@ def _with_included(data: dict[str, Any], source: str | None, included: dict[str,
                                       source)
             defined[name] = path
             claims.append(claim)
+        parts.append(IncludedClaims(path, len(content.get("claims", []))))
     own = data.get("claims", [])
     for n, claim in enumerate(own if isinstance(own, list) else []):
         name = claim.get("name") if isinstance(claim, dict) else None
         if name in defined:
             raise DeploymentError(f"claims[{n}].name", f"claim {name!r} is defined in {defined[name]} too", source)
-    return {**{k: v for k, v in data.items() if k != "include"}, "claims": [*claims, *own]}
+    return {**{k: v for k, v in data.items() if k != "include"}, "claims": [*claims, *own]}, tuple(parts)
 
 
 def _decode(data: Any, type_: Any, source: str | None) -> Any:
@@ -482,8 +524,9 @@ def check_immutable(old: DeploymentSpec, new: DeploymentSpec, source: str | None
     for path, old_list, new_list in pairs:
         changed = _first_difference(path, old_list, new_list)
         if changed:
+            where, changed = new.locate(changed, source)
             raise DeploymentError("", f"field is immutable: {changed} "
-                                      "(delete the deployment and apply the file again to change it)", source)
+                                      "(delete the deployment and apply the file again to change it)", where)
 
 
 def _first_difference(path: str, old: Any, new: Any) -> str | None:

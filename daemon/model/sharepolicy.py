@@ -52,7 +52,8 @@ class CapacityPolicy(_Table, frozen=True, kw_only=True):
             high = read(self.valid_range.max, "valid_range.max") if self.valid_range.max is not None else None
             step = read(self.valid_range.step, "valid_range.step") if self.valid_range.step is not None else None
             if high is not None and high < low:
-                raise ValueError(f"valid_range: max {high} is below min {low}")
+                shown = CapacityRule(memory=memory).text
+                raise ValueError(f"valid_range: max {shown(high)} is below min {shown(low)}")
         values = tuple(sorted({read(v, "valid_values") for v in self.valid_values})) if self.valid_values else None
         rule = CapacityRule(memory=memory, low=low, high=high, step=step, values=values, default=None)
         if self.default is not None:

@@ -27,6 +27,7 @@ from msgspec.structs import replace
 
 from computegroups.daemon.model.claims import Claim, ShareMode
 from computegroups.daemon.model.sharepolicy import GpuSharing, SharingRules
+from computegroups.daemon.model.words import plural
 from computegroups.daemon.placement.allocator import Allocator
 from computegroups.daemon.placement.records import DoesNotFitNow, NeverFits, Placement, PlacementError
 from computegroups.daemon.placement.selectors import selected
@@ -51,6 +52,16 @@ def place(allocator: Allocator, claim: Claim, group_ids: Sequence[str], owner: s
         return placements
     assert failures, "a claim has at least one alternative"
     now = [f for f in failures if isinstance(f, DoesNotFitNow)]
+    models = _models(allocator.machine, claim, allocator.config.pools) if claim.same is not None else {}
+    if len(models) > 1:  # each model refused it: say what every one has, not only the first
+        ledger = allocator.ledger
+        have = "; ".join(
+            f"{name}: {plural(len(gpus), 'GPU')}, "
+            f"{sum(not ledger.groups_on[g] and g not in ledger.unavailable for g in gpus)} free"
+            for name, gpus in models.items())
+        if now:
+            raise DoesNotFitNow(f"same model: no one model has room for it now ({have})")
+        raise NeverFits(f"same model: no one model can ever hold it ({have})")
     raise now[0] if now else failures[0]
 
 
@@ -129,12 +140,16 @@ def _policy_shares(machine: Machine, sharing: SharingRules, claim: Claim, share_
 
 def _same(machine: Machine, claim: Claim, pools: Mapping[str, frozenset[int]]) -> list[Claim]:
     """One claim per model among the GPUs it may use, each pinned to that model."""
-    models: list[str] = []
-    for g in _scope(machine, claim, pools):
-        name = machine.gpu(g).name
-        if name not in models:
-            models.append(name)
+    models = _models(machine, claim, pools)
     return [replace(claim, model=glob.escape(name), same=None) for name in models] or [replace(claim, same=None)]
+
+
+def _models(machine: Machine, claim: Claim, pools: Mapping[str, frozenset[int]]) -> dict[str, list[int]]:
+    """The GPUs the claim may use, by model, in the order they first appear."""
+    models: dict[str, list[int]] = {}
+    for g in _scope(machine, claim, pools):
+        models.setdefault(machine.gpu(g).name, []).append(g)
+    return models
 
 
 def _scope(machine: Machine, claim: Claim, pools: Mapping[str, frozenset[int]]) -> list[int]:

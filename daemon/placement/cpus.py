@@ -8,6 +8,7 @@ machine add up to no more than it has, as Slurm counts `--cpus-per-task`.
 from __future__ import annotations
 
 from computegroups.daemon.model.claims import Claim
+from computegroups.daemon.model.words import plural
 from computegroups.daemon.placement.ledger import Ledger
 from computegroups.daemon.placement.records import DoesNotFitNow, NeverFits, Placement, Score
 
@@ -18,7 +19,7 @@ def check_cpus(ledger: Ledger, claim: Claim, groups: int) -> None:
     if not want:
         return
     total = len(ledger.machine.cpus)
-    asked = f"{want} CPUs" + (f" ({groups} groups of {claim.cpus})" if groups > 1 else "")
+    asked = plural(want, "CPU") + (f" ({groups} groups of {claim.cpus})" if groups > 1 else "")
     if want > total:
         raise NeverFits(f"needs {asked}; this machine has {total}")
     free = total - ledger.cpus_used
@@ -28,6 +29,6 @@ def check_cpus(ledger: Ledger, claim: Claim, groups: int) -> None:
 
 def cpu_placement(claim: Claim, gid: str) -> Placement:
     """The placement of a CPU-only claim: no device, only its count."""
-    what = f"{claim.cpus} CPUs" if claim.cpus else "no CPUs counted"
+    what = plural(claim.cpus or 0, "CPU")
     return Placement(group_id=gid, devices=(), domain=None, exclusive_domain=None,
                      score=Score(nvlinks=0, pcie=0, explanation=f"CPU-only: no GPU, {what}"))

@@ -8,6 +8,7 @@ machine and the configuration only.
 from __future__ import annotations
 
 from computegroups.daemon.model.claims import AllocatorConfig, Claim
+from computegroups.daemon.model.words import plural
 from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase, mib
 from computegroups.daemon.placement.records import NeverFits
 from computegroups.daemon.placement.selectors import gpu_kinds, has_selectors, selected, selector_text
@@ -17,6 +18,9 @@ from computegroups.topology.model import DomainKind
 
 
 def check_ever(topo: Topo, config: AllocatorConfig, claim: Claim, groups: int) -> None:
+    if not topo.gpus:
+        raise NeverFits("this machine has no GPU: claim cpus alone for a CPU-only group "
+                        "(or give only a command)")
     gpus = _scope(topo, config, claim)
     where = _where(claim)
     if claim.kind == "whole":
@@ -58,23 +62,28 @@ def _where(claim: Claim) -> str:
     return " and ".join(parts) or "this machine"
 
 
+def _has(where: str) -> str:
+    """`where` with its verb: "this machine has", "the GPUs with model 'X' have"."""
+    return f"{where} {'have' if where.startswith('the ') or ' and ' in where else 'has'}"
+
+
 def _whole(topo: Topo, claim: Claim, gpus: list[int], groups: int, where: str) -> None:
     n = claim.gpus or 1
     mig = [g for g in topo.gpus if topo.mig[g]]
     note = f" ({gpus_phrase(mig)} have MIG enabled and take only mig claims)" if mig else ""
     if n * groups > len(gpus):
-        total = f"{groups} groups of {n} GPUs" if groups > 1 else f"{n} GPUs"
-        raise NeverFits(f"needs {total}; {where} has {len(gpus)} GPUs for whole claims{note}")
+        total = f"{groups} groups of {plural(n, 'GPU')}" if groups > 1 else plural(n, "GPU")
+        raise NeverFits(f"needs {total}; {_has(where)} {plural(len(gpus), 'GPU')} for whole claims{note}")
     for kind, label in ((claim.colocate, colocated), (claim.exclusive, _exclusively)):
         if kind is None:
             continue
         sizes = sorted((len(dom & set(gpus)) for dom in topo.domains[kind]), reverse=True)
         if not sizes or sizes[0] < n:
-            raise NeverFits(f"needs {n} {label(kind)} GPUs; the largest {domain_name(kind)} of {where} "
+            raise NeverFits(f"needs {plural(n, label(kind) + ' GPU')}; the largest {domain_name(kind)} of {where} "
                             f"has {sizes[0] if sizes else 0}")
         if kind is claim.exclusive and sum(size >= n for size in sizes) < groups:
-            raise NeverFits(f"needs {groups} {domain_name(kind, True)} of {n} GPUs, one per group; "
-                            f"{where} has {sum(size >= n for size in sizes)}")
+            raise NeverFits(f"needs {groups} {domain_name(kind, True)} of {plural(n, 'GPU')}, one per group; "
+                            f"{_has(where)} {sum(size >= n for size in sizes)}")
     if claim.colocate is not None and claim.exclusive is not None:
         _contradiction(topo, claim.exclusive, claim.colocate, n, set(gpus), groups, where)
 
@@ -88,7 +97,7 @@ def _contradiction(topo: Topo, exclusive: DomainKind, colocate: DomainKind, n: i
     most = max(meets, default=0)
     raise NeverFits(
         f"exclusive {exclusive.value} and colocate {colocate.value} contradict on {where}: "
-        f"needs {n} GPUs in one {domain_name(exclusive)} and one {domain_name(colocate)}"
+        f"needs {plural(n, 'GPU')} in one {domain_name(exclusive)} and one {domain_name(colocate)}"
         + (f" ({groups} such {domain_name(exclusive, True)})" if groups > 1 else "")
         + f"; the most any {domain_name(exclusive)} and {domain_name(colocate)} share is {most}")
 
@@ -107,8 +116,9 @@ def _mig(topo: Topo, claim: Claim, gpus: list[int], groups: int, where: str) -> 
     distinct = len({m.parent_index for m in matching})
     if groups > len(matching) or (claim.distinct and groups > distinct):
         have = distinct if claim.distinct else len(matching)
-        raise NeverFits(f"needs {groups} {claim.mig} instances{' on distinct GPUs' if claim.distinct else ''}; "
-                        f"{where} has {have}")
+        on = " on distinct GPUs" if claim.distinct else ""
+        raise NeverFits(f"needs {plural(groups, f'{claim.mig} instance')}{on}; "
+                        f"{_has(where)} {have}")
 
 
 def _share(topo: Topo, config: AllocatorConfig, claim: Claim, gpus: list[int], groups: int, where: str) -> None:
@@ -126,13 +136,14 @@ def _share(topo: Topo, config: AllocatorConfig, claim: Claim, gpus: list[int], g
                         f"has {mib(largest)}")
     devices = len(set(fits) | {m.parent_index for m in migs})
     if claim.distinct and groups > devices:
-        raise NeverFits(f"needs {groups} shares on distinct GPUs; {where} has {devices} GPUs that can take one")
+        raise NeverFits(f"needs {groups} shares on distinct GPUs; {_has(where)} {plural(devices, 'GPU')} "
+                        f"that can take one")
     if claim.exclusive is not None:
         doms = {topo.domain_of(claim.exclusive, g) for g in fits}
         doms.discard(None)
         if groups > len(doms):
             raise NeverFits(f"needs {groups} {domain_name(claim.exclusive, True)} to hold exclusively, "
-                            f"one per group; {where} has {len(doms)}")
+                            f"one per group; {_has(where)} {len(doms)}")
 
 
 def _share_fits(topo: Topo, config: AllocatorConfig, claim: Claim, g: int) -> bool:

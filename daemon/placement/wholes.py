@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from computegroups.daemon.model.claims import Claim, Strategy
+from computegroups.daemon.model.words import plural
 from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase
 from computegroups.daemon.placement.lookahead import Lookahead, describe
 from computegroups.daemon.placement.records import DoesNotFitNow, Score
@@ -236,15 +237,15 @@ def _layout_failure(topo: Topo, rules: Rules, claim: Claim, free: list[int]) -> 
         name = domain_name(claim.exclusive)
         unused = [dom for dom in topo.domains[claim.exclusive] if rules.domain_is_free(dom)]
         if not unused:
-            return f"needs {n} GPUs in one {name} no other group uses; every {name} has a group in it"
+            return f"needs {plural(n, 'GPU')} in one {name} no other group uses; every {name} has a group in it"
         candidates = [dom & pool for dom in unused]
         if claim.colocate is None:
             best = max(candidates, key=lambda c: (len(c), -min(c, default=0)))
-            return (f"needs {n} GPUs in one {name} no other group uses; the largest unused {name} "
+            return (f"needs {plural(n, 'GPU')} in one {name} no other group uses; the largest unused {name} "
                     f"has {len(best)} free: {gpus_phrase(best)}")
     kind = claim.colocate
     assert kind is not None
     inside = [c & dom for c in candidates for dom in topo.domains[kind]]
     best = max(inside, key=lambda c: (len(c), -min(c, default=0)))
-    return (f"needs {n} {colocated(kind)} GPUs; the largest free {domain_name(kind)} "
+    return (f"needs {plural(n, colocated(kind) + ' GPU')}; the largest free {domain_name(kind)} "
             f"has {len(best)}{': ' + gpus_phrase(best) if best else ''}")

@@ -250,3 +250,16 @@ def test_rendering_loads_neither_lightkube_nor_yaml() -> None:
                           check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_warnings_name_an_included_claim_by_its_own_file_and_index() -> None:
+    s = parse({"name": "inc", "include": ["claims/gpu.toml"],
+               "claims": [{"name": "one", "gpus": 1}, {"name": "two", "gpus": 1, "strategy": "spread"}],
+               "components": [{"name": "w", "command": ["x"], "sharing": [{"claim": "two", "scope": "per-replica"}]}]},
+              "sel.toml", {"claims/gpu.toml": {"claims": [{"name": "kv", "memory": "2GiB"},
+                                                          {"name": "big", "gpus": 1, "pool": "a"}]}})
+    r = render(s)
+    assert warned(r, "claims[1].strategy"), r.warnings
+    assert warned(r, "claims/gpu.toml: claims[1].pool"), r.warnings
+    assert warned(r, "claims/gpu.toml: claims[0]"), "the share's capacity warning names the included claim"
+    assert not [w for w in r.warnings if w.startswith(("claims[2]", "claims[3]"))], r.warnings

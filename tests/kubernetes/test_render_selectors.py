@@ -76,12 +76,29 @@ def test_share_modes_are_a_capacity_request_a_whole_device_or_dras_prioritized_l
     assert mps["config"][0]["requests"] == ["share/share"], "MPS configures the share, not the whole device"
 
 
-def test_cpus_cpu_bind_and_a_mig_devices_memory_floor_are_warnings_naming_the_field() -> None:
+def test_cpu_bind_and_a_mig_devices_memory_floor_are_warnings_naming_the_field() -> None:
     rendered = render_deployment(parse(SELECTORS), namespace="ml", image=IMAGE)
     fields = sorted(w.split(":")[0] for w in rendered.warnings if "not rendered" in w or "no DRA form" in w)
-    assert fields == ["claims[0].cpus", "claims[4].min_memory_mib", "claims[5].cpus", "components[0].cpu_bind"]
+    assert fields == ["claims[4].min_memory_mib", "components[0].cpu_bind"]
     template = rendered.documents[0]["spec"]["template"]
     assert "cores" not in [t["name"] for t in template["resourceClaimTemplates"]]
     shared = [e["name"] for c in template["cliques"] for e in c.get("resourceSharing", [])]
     shared += [e["name"] for e in template.get("resourceSharing", [])]
     assert "cores" not in shared and "fast" in shared, "a CPU-only claim is shared by nobody on the cluster"
+
+
+def test_cpus_are_the_containers_cpu_request() -> None:
+    rendered = render_deployment(parse(SELECTORS), namespace="ml", image=IMAGE)
+    pods = {c["name"]: c["spec"]["podSpec"] for c in rendered.documents[0]["spec"]["template"]["cliques"]}
+    (train,) = pods["train"]["containers"]
+    (prep,) = pods["prep"]["containers"]
+    assert train["resources"] == {"requests": {"cpu": "24"}}, "fast's 16 and cores' 8, the claims it uses"
+    assert prep["resources"] == {"requests": {"cpu": "8"}}, "a request, no limit: cgd counts CPUs, never caps them"
+    (shared,) = [w for w in rendered.warnings if w.startswith("claims[5].cpus:")]
+    assert "shared by all replicas" in shared and "each pod" in shared
+    assert not [w for w in rendered.warnings if w.startswith("claims[0].cpus")], "a per-replica claim's CPUs map"
+    plain = render_deployment(parse({"name": "p", "claims": [{"name": "g", "gpus": 1}], "components": [
+        {"name": "w", "command": ["x"], "sharing": [{"claim": "g", "scope": "per-replica"}]}]}),
+        namespace="ml", image=IMAGE)
+    (w,) = plain.documents[0]["spec"]["template"]["cliques"][0]["spec"]["podSpec"]["containers"]
+    assert "resources" not in w, "no cpus claimed: no CPU request"

@@ -633,7 +633,7 @@ def test_a_pool_naming_a_gpu_the_machine_lacks_is_refused_at_start(start_cgd, tm
     with pytest.raises(RuntimeError) as failed:
         start_cgd("dgx-h100", "--config", str(config))
     assert "cgd exited with 3" in str(failed.value)
-    assert "cgd: error: configuration: pools.fast: GPU 9 is not on this machine (8 GPUs, 0-7)" in str(failed.value)
+    assert f"cgd: error: {config}: pools.fast: no GPU 9 on this machine (it has GPUs 0-7)" in str(failed.value)
 
 
 def test_no_file_deleted_in_the_state_directory_lets_a_second_cgd_in(start_cgd, cgd: Cgd) -> None:

@@ -2,7 +2,7 @@
 
 A claim of `cpus` alone places no device and counts its CPUs against the
 machine's (never more than it has); on a machine without GPUs a component
-needs no claim at all. Either way the worker's CUDA_VISIBLE_DEVICES is
+with a command needs no claim at all (one CPU is counted for it). Either way the worker's CUDA_VISIBLE_DEVICES is
 empty, so it never touches a GPU.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -36,17 +37,29 @@ def test_a_machine_without_gpus_runs_components(start_cgd: Callable[..., Cgd]) -
     cpus = len(os.sched_getaffinity(0))
     assert json.loads(ok(cgd, "--json", "topo"))["cpus"] == sorted(os.sched_getaffinity(0))
 
-    ok(cgd, "allocate", "counted", "--cpus", str(cpus), *CMD)
+    assert plain["replicas"][0]["cpus"] == 1, "a process with no claim still runs on a CPU: one is counted"
+
+    ok(cgd, "allocate", "counted", "--cpus", str(cpus - 1), *CMD)
     state = cgd.state()
     err = refused(cgd, "allocate", "more", "--cpus", "1", *CMD)
-    assert f"needs 1 CPUs; 0 of the machine's {cpus} are not claimed" in err, err
+    assert f"needs 1 CPU; 0 of the machine's {cpus} are not claimed" in err, err
+    err = refused(cgd, "allocate", "shared", "--memory", "1GiB")
+    assert "this machine has no GPU: claim cpus alone" in err and "MIG" not in err, err
+    err = refused(cgd, "allocate", "whole", "--gpus", "1")
+    assert "this machine has no GPU" in err and "GPUs" not in err, err
+    err = refused(cgd, "allocate", "nocmd")
+    assert "no claim, no command and no group to attach to holds and runs nothing" in err, err
+    for args in (("allocate", "cz", "--cpus", "0"), ("group", "create", "--cpus", "0")):
+        done = cgd.cgctl(*args)
+        assert done.returncode != 0 and "cpus: must be between 1 and" in done.stderr, (args, done.stderr)
     err = refused(cgd, "allocate", "huge", "--cpus", str(cpus + 1))
     assert f"needs {cpus + 1} CPUs; this machine has {cpus}" in err, err
-    assert "GPUS" in ok(cgd, "list") and f"{cpus} CPUs" in ok(cgd, "list")
+    listed = ok(cgd, "list")
+    assert "GPUS" in listed and re.search(rf"counted .* {cpus - 1} CPUs? ", listed), listed
     assert cgd.state() == state, "refusals change nothing"
     ok(cgd, "release", "counted")
-    ok(cgd, "allocate", "more", "--cpus", "1", "--replicas", str(cpus), *CMD)
-    assert len(cgd.worker_pids()) == 1 + cpus
+    ok(cgd, "allocate", "more", "--cpus", "1", "--replicas", str(cpus - 1), *CMD)
+    assert len(cgd.worker_pids()) == cpus
 
 
 def test_cpus_are_counted_beside_gpus(cgd: Cgd) -> None:
@@ -71,7 +84,7 @@ def test_cpus_are_counted_beside_gpus(cgd: Cgd) -> None:
         m = ComputeGroupManager(LocalComputeResourceProvider(cgd.socket))
         group = await m.allocate_compute_group("prep", {"cpus": 24}, {"command": list(CMD[1:])})
         assert group.devices == [] and group.resources["claim"] == {"cpus": 24} and group.gpu_indices == []
-        with pytest.raises(CgdError, match="needs 1 CPUs; 0 of the machine's 224 are not claimed"):
+        with pytest.raises(CgdError, match="needs 1 CPU; 0 of the machine's 224 are not claimed"):
             await m.allocate_compute_group("more", {"cpus": 1})
 
     asyncio.run(through_the_client())

@@ -87,7 +87,7 @@ def test_device_selectors_and_group_filters(start_cgd: Callable[..., Cgd], tmp_p
     assert ("no GPU of this machine has model '*V100*' (it has NVIDIA A100-SXM4-40GB (40GiB, 8.0), "
             "NVIDIA H100 80GB HBM3 (79GiB, 9.0))") in err, err
     err = refused(cgd, "allocate", "three", "--gpus", "3", "--compute-capability", "9.0")
-    assert "needs 3 GPUs; the GPUs with compute capability >= 9.0 has 2 GPUs for whole claims" in err, err
+    assert "needs 3 GPUs; the GPUs with compute capability >= 9.0 have 2 GPUs for whole claims" in err, err
     err = refused(cgd, "allocate", "two", "--gpus", "2", "--compute-capability", "9.0")
     assert "needs 2 whole GPUs; 0 free" in err and "GPU 0" not in err, err
     # One A100 and one H100 are whole-free (old and big hold one each; new shares an H100... or big's):
@@ -142,8 +142,12 @@ def test_a_policy_for_a_gpu_the_machine_lacks_is_refused_at_start(start_cgd: Cal
     config.write_text("[sharing.gpus.9]\nshareable = false\n")
     with pytest.raises(RuntimeError) as failed:
         start_cgd(str(MIXED), "--config", str(config))
-    assert "cgd: error: configuration: sharing.gpus.9: GPU 9 is not on this machine (4 GPUs, 0-3)" \
-        in str(failed.value)
+    assert f"cgd: error: {config}: sharing.gpus.9: no GPU 9 on this machine (it has GPUs 0-3)" \
+        in str(failed.value), "names the file, the GPU and the GPUs there are"
+    config.write_text('[sharing.memory]\nvalid_range = { min = "32GiB", max = "2GiB" }\n')
+    with pytest.raises(RuntimeError) as failed:
+        start_cgd(str(MIXED), "--config", str(config))
+    assert f"{config}: sharing.memory: valid_range: max 2GiB is below min 32GiB" in str(failed.value)
     config.write_text('[sharing.memory]\ndefault = "3GiB"\nvalid_values = ["2GiB", "4GiB"]\n')
     with pytest.raises(RuntimeError) as failed:
         start_cgd(str(MIXED), "--config", str(config))

@@ -45,13 +45,12 @@ def test_nothing_new_attaches_to_a_draining_group(cgd: Cgd, tmp_path: Path) -> N
         (("allocate", "side", "--share-with", "web", "--scope", "all-replicas", *cmd), "web-0", "side/0"),
         (("allocate", "standby", "--shadow-of", "web", *cmd), "web-0", "standby/0"),
         (("scale", "pool", "--replicas", "2"), "pool-all", "pool/1"),
-        (("allocate", "user", "--group", gid, *cmd), gid, None),
+        (("allocate", "user", "--group", gid, *cmd), gid, "user/0"),
         (("scale", "d/x", "--replicas", "2"), "d-0-x-all-kv", "d-0-x/1"),
     ]:
         err = refused(cgd, *args)
-        assert f"group {group!r} is draining: nothing new" in err, (args, err)
-        if who is not None:
-            assert f"({who}); {hint.format(group)}" in err, (args, err)
+        assert f"group {group!r} is draining: nothing new attaches to it ({who}); {hint.format(group)}" in err, (
+            args, err)
     status, reply = cgd.request("POST", "/v1/components", {"name": "side", "share_with": "web"})
     assert status == 409 and "group 'web-0' is draining" in reply["error"]["message"]
 
@@ -61,6 +60,9 @@ def test_nothing_new_attaches_to_a_draining_group(cgd: Cgd, tmp_path: Path) -> N
             await m.allocate_compute_group("side", {}, {"share_with": "web"})
 
     asyncio.run(through_the_client())
+    for args in (("group", "drain", "pr-9"), ("group", "deallocate", "nosuch")):
+        err = refused(cgd, *args)
+        assert "`cgctl group list` shows the groups in use" in err, (args, err)
     assert cgd.state() == state and sorted(cgd.worker_pids()) == pids, "refusals change nothing, stop nothing"
 
     ok(cgd, "group", "drain", "web-0", "--undrain")

@@ -41,9 +41,11 @@ def test_claims_come_from_an_included_file(cgd: Cgd, tmp_path: Path) -> None:
     assert ok(cgd, "apply", "-f", str(path)).startswith("deployment inc unchanged"), "the same again"
 
     state = cgd.state()
-    (tmp_path / "claims" / "gpu.toml").write_text(GPU_CLAIMS.replace('"2GiB"', '"4GiB"'))
+    (tmp_path / "claims" / "gpu.toml").write_text(GPU_CLAIMS.replace('"1GiB"', '"3GiB"'))
     err = refused(cgd, "apply", "-f", str(path))
-    assert "field is immutable: claims" in err, "an included claim is a claim of the deployment"
+    assert "claims/gpu.toml: field is immutable: claims[1].memory" in err, (
+        "an included claim is a claim of the deployment, named by its own file and index", err)
+    (tmp_path / "claims" / "gpu.toml").write_text(GPU_CLAIMS)
     (tmp_path / "claims" / "gpu.toml").write_text(GPU_CLAIMS + '\n[[components]]\nname = "x"\n')
     err = refused(cgd, "apply", "-f", str(path))
     assert "claims/gpu.toml: components: unknown field (known: claims)" in err, err
@@ -57,6 +59,12 @@ def test_claims_come_from_an_included_file(cgd: Cgd, tmp_path: Path) -> None:
     err = refused(cgd, "apply", "-f", str(twice))
     assert f"{twice}: claims[0].name: claim 'kv' is defined in claims/gpu.toml too" in err, err
     assert cgd.state() == state, "refusals change nothing"
+
+    own = deployment(tmp_path, "own", '[[claims]]\nname = "extra"\nmemory = "1GiB"\n')
+    ok(cgd, "apply", "-f", str(own))
+    own.write_text(own.read_text().replace('name = "extra"\nmemory = "1GiB"', 'name = "extra"\nmemory = "3GiB"'))
+    err = refused(cgd, "apply", "-f", str(own))
+    assert f"{own}: field is immutable: claims[0].memory" in err, ("the file's own claims[0], after 2 included", err)
 
     status, reply = cgd.request("POST", "/v1/deployments", {"spec": {"name": "raw", "include": ["a.toml"]},
                                                             "source": "/srv/raw.toml"})

@@ -86,7 +86,10 @@ def test_gpu_ids_are_sorted() -> None:
     ({"gpus": 1, "gpu_ids": []}, "claim.gpu_ids: may not be empty"),
     ({"gpus": 1, "gpu_ids": [0, -1]}, "claim.gpu_ids[1]: must be at least 0, got -1"),
     ({"gpus": 1, "gpu_ids": "0,1"}, "claim.gpu_ids: expected a list"),
-    ({"gpus": 3, "gpu_ids": [0, 1]}, "claim.gpu_ids: pins 2 GPUs but gpus asks for 3"),
+    ({"gpus": 3, "gpu_ids": [0, 1]}, "claim.gpu_ids: pins 2 GPUs but the claim asks for 3"),
+    ({"gpus": 2, "gpu_ids": [3]}, "claim.gpu_ids: pins 1 GPU but the claim asks for 2"),
+    ({"cpus": 0}, "claim.cpus: must be between 1 and 65536, got 0"),
+    ({"gpus": 1, "cpus": 0}, "claim.cpus: must be between 1 and 65536, got 0"),
     ({"gpus": 1, "pool": ""}, "claim.pool: may not be empty"),
     ({"mig": ""}, "claim.mig: expected a MIG profile name"),
     ({"gpus": 1, "affinity": "db"}, "claim.affinity: expected a list"),
@@ -119,6 +122,8 @@ def test_direct_construction_is_checked_too() -> None:
         Claim(gpus=1, exclusive=DomainKind.MACHINE)
     with pytest.raises(ValueError, match=r"^colocate: must be one of"):
         Claim(gpus=1, colocate="rack")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^cpus: must be at least 1, got 0"):
+        Claim(cpus=0)
     assert Claim(gpus=1, colocate="nvlink").colocate is DomainKind.NVLINK  # type: ignore[arg-type]
 
 

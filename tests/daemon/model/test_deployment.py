@@ -158,6 +158,32 @@ def test_claims_and_sharing_are_immutable(edit: Callable[[dict[str, Any]], Any],
     assert str(refused.value).startswith(f"grove.toml: field is immutable: {path} ("), str(refused.value)
 
 
+INCLUDED = {"claims/gpu.toml": {"claims": [{"name": "kv", "memory": "2GiB"}, {"name": "rank", "memory": "1GiB"}]}}
+
+
+def with_include(own: list[dict[str, Any]], included: dict[str, Any] = INCLUDED) -> DeploymentSpec:
+    return parse({"name": "inc", "include": list(included), "claims": own,
+                  "components": [{"name": "w", "command": ["x"], "sharing": [
+                      {"claim": c["name"], "scope": "per-replica"} for c in own]}]}, "sel.toml", included)
+
+
+def test_a_claim_is_named_by_its_own_file_and_index() -> None:
+    spec = with_include([{"name": "own", "gpus": 1}])
+    assert [spec.locate(f"claims[{i}].memory", "sel.toml") for i in range(3)] == [
+        ("claims/gpu.toml", "claims[0].memory"), ("claims/gpu.toml", "claims[1].memory"),
+        ("sel.toml", "claims[0].memory")]
+    assert spec.locate("components[0].name", "sel.toml") == ("sel.toml", "components[0].name")
+    with pytest.raises(DeploymentError, match=r"^sel\.toml: claims\[0\]\.memory: not a size"):
+        with_include([{"name": "own", "memory": "lots"}])
+    changed_included = {"claims/gpu.toml": {"claims": [{"name": "kv", "memory": "2GiB"},
+                                                       {"name": "rank", "memory": "3GiB"}]}}
+    with pytest.raises(DeploymentError, match=r"^claims/gpu\.toml: field is immutable: claims\[1\]\.memory \("):
+        check_immutable(spec, with_include([{"name": "own", "gpus": 1}], changed_included), "sel.toml")
+    with pytest.raises(DeploymentError, match=r"^sel\.toml: field is immutable: claims\[0\]\.gpus \("):
+        check_immutable(spec, with_include([{"name": "own", "gpus": 2}]), "sel.toml")
+    assert DeploymentSpec.from_dict(spec.to_dict()) == spec, "the state form keeps where each claim came from"
+
+
 def test_replica_counts_commands_and_new_components_may_change() -> None:
     old = parse(example())
 

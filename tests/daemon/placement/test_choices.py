@@ -11,6 +11,7 @@ from computegroups.daemon.model.config import parse_config
 from computegroups.daemon.model.sharepolicy import CapacityRule
 from computegroups.daemon.placement import choices
 from computegroups.daemon.placement.allocator import Allocator, NeverFits
+from computegroups.daemon.placement.records import DoesNotFitNow
 from computegroups.topology import load_machine
 
 
@@ -73,3 +74,29 @@ def test_a_pool_and_per_gpu_policies_narrow_together() -> None:
     assert (p.devices[0].gpu, p.devices[0].memory_mib) == (7, 8192)
     (q,) = choices.place(a, Claim(memory_mib=1024, pool="late", strategy=Strategy.SPREAD), ["h"], "ada")
     assert (q.devices[0].gpu, q.devices[0].memory_mib) == (6, 1024), "GPU 6 keeps the default policy"
+
+
+def test_same_model_refused_by_every_model_names_what_each_has() -> None:
+    a = allocator("two-islands-16")
+    names = sorted({g.name for g in a.machine.gpus})
+    assert len(names) == 2, "one model per island"
+    with pytest.raises(NeverFits) as never:
+        choices.place(a, Claim(gpus=3, same=SameAttribute.MODEL), ["r0", "r1", "r2"], "ada")
+    assert str(never.value).startswith("same model: no one model can ever hold it (")
+    for name in names:
+        assert f"{name}: 8 GPUs, 8 free" in str(never.value), str(never.value)
+    for name, busy in zip(names, (7, 4), strict=True):
+        gpus = tuple(g.index for g in a.machine.gpus if g.name == name)
+        choices.place(a, Claim(gpus=busy, gpu_ids=gpus), [f"busy-{busy}"], "ada")
+    with pytest.raises(DoesNotFitNow) as now:
+        choices.place(a, Claim(gpus=5, same=SameAttribute.MODEL), ["r0"], "ada")
+    assert str(now.value) == (f"same model: no one model has room for it now ({names[0]}: 8 GPUs, 1 free; "
+                              f"{names[1]}: 8 GPUs, 4 free)")
+
+
+def test_a_refusal_about_several_gpus_takes_the_plural_verb() -> None:
+    with pytest.raises(NeverFits, match=r"needs 9 GPUs; the GPUs with model '\*H100\*' have 8 GPUs for whole"):
+        choices.place(allocator("two-islands-16"), Claim(gpus=9, model="*H100*"), ["g"], "ada")
+    with pytest.raises(NeverFits, match=r"needs 1 GPU; pool 'one' has 0 GPUs for whole claims"):
+        choices.place(Allocator(load_machine("dgx-a100-mig"), parse_config({"pools": {"one": [7]}}).allocator),
+                      Claim(gpus=1, pool="one"), ["g"], "ada")
