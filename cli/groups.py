@@ -55,7 +55,7 @@ def holds(g: Doc) -> str:
     if g.get("devices"):
         return f"GPU {devices_label(g['devices'])}"
     cpus = (g.get("claim") or {}).get("cpus") if isinstance(g.get("claim"), dict) else None
-    return f"{cpus} CPUs" if cpus else "no device"
+    return f"{cpus} CPU{'s' if cpus != 1 else ''}" if cpus else "no device"
 
 
 @group.command("list")

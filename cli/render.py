@@ -125,7 +125,7 @@ def devices_label(devices: Iterable[Doc]) -> str:
 
 def cpus_label(r: Doc) -> str:
     """What a replica without a device holds: its counted CPUs, if any."""
-    return f"{r['cpus']} CPUs" if r.get("cpus") else "-"
+    return f"{r['cpus']} CPU{'s' if r['cpus'] != 1 else ''}" if r.get("cpus") else "-"
 
 
 def owner_name(c: Doc) -> str:

@@ -68,7 +68,7 @@ def test_same_model_needs_enough_devices_of_one_model_on_a_node(tmp_path: Path) 
 
 def test_cpus_cpu_bind_and_a_mig_memory_floor_are_refused_by_name(cluster: EmulatedCluster, kubeconfig: Path) -> None:
     async def scenario(m: ComputeGroupManager) -> None:
-        for claim, key in (({"cpus": 4}, "cpus"), ({"cpus": 0}, "cpus"), ({"gpus": 1, "cpus": 4}, "cpus"),
+        for claim, key in (({"cpus": 4}, "cpus"), ({"gpus": 1, "cpus": 4}, "cpus"),
                            ({"mig": "1g.10gb", "min_memory_mib": 40960}, "min_memory_mib")):
             with pytest.raises(ValueError, match=f"^{key}: not supported by the Kubernetes provider"):
                 await m.allocate_compute_group("odd", claim)
