@@ -71,7 +71,7 @@ def test_sharing_policies_round_up_or_refuse(start_cgd: Callable[..., Cgd], tmp_
     ok(cgd, "allocate", "z", "--memory", "2GiB", "--share", "any")
     assert [d["whole"] for d in devices(cgd, "z")] == [False], "any: a share first"
     usage = cgd.cgctl("allocate", "v", "--gpus", "1", "--share", "share")
-    assert usage.returncode == 1 and "share: only for a memory/compute claim (gpus asks for whole devices)" \
+    assert usage.returncode == 2 and "share: only for a memory/compute claim (gpus asks for whole devices)" \
         in usage.stderr, usage.stderr
 
 
