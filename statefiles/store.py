@@ -746,6 +746,17 @@ _REFUSAL_HINT = (
 )
 
 
+def replace_file(path: Path, payload: bytes) -> None:
+    """Put `payload` at `path` durably and safely, for the small files cgd keeps beside the state
+    (the event epoch): a new file made as `_create` makes one, renamed over the old name, the
+    rename fsync'd. A link planted at either name is replaced, never followed."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    _create(tmp, payload)
+    os.replace(tmp, path)
+    _fsync_directory(path.parent)
+
+
 def _create(path: Path, payload: bytes) -> None:
     """A new file of the state directory, written and fsync'd; removed again if that fails (on a full disk,
     the room is given back).

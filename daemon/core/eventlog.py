@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from computegroups.daemon.model.errors import BadRequest
+from computegroups.statefiles.store import replace_file
 
 EPOCH_SPAN = 1_000_000_000
 """Numbers one run may use: a billion events, then the next run's numbers would be reached."""
@@ -56,21 +57,13 @@ def next_epoch(state_dir: Path) -> int:
     """
     path = state_dir / EPOCH_FILE
     try:
-        last = int(path.read_text(encoding="ascii").strip())
-    except (FileNotFoundError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # a planted link reads as no file
+        with os.fdopen(fd, "rb") as f:
+            last = int(f.read(64).decode("ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError):
         last = 0
     epoch = last + 1
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(f"{epoch}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(state_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_file(path, f"{epoch}\n".encode("ascii"))  # as root, never through a planted link
     return epoch
 
 

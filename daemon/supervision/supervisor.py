@@ -672,7 +672,9 @@ class Supervisor:
             Path(path).unlink(missing_ok=True)
             return
         tmp = f"{path}.tmp"
-        with open(tmp, "w") as fh:
+        Path(tmp).unlink(missing_ok=True)  # cgd may be root: never write through a planted name
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
             fh.write(f"{worker.failures}\n")
         os.replace(tmp, path)
 

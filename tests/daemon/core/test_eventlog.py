@@ -123,3 +123,20 @@ def test_a_held_events_owner_is_looked_up_off_the_loop(monkeypatch: pytest.Monke
     log.emit("allocated", "b", uid=1234)
     assert [e["user"] for e in log.after(None, EVERYONE)[0]] == ["user1234", "user1234"]
     assert where == ["fsync"], "once, and not on the loop's thread"
+
+
+@pytest.mark.parametrize("name", ["events.epoch", "events.epoch.tmp"])
+def test_the_epoch_is_never_written_through_a_planted_link(tmp_path: Path, name: str) -> None:
+    """cgd (often root) writes the epoch beside the state: a link planted there is replaced, not followed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_text("PRECIOUS")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / name).symlink_to(victim)
+    assert next_epoch(state) == 1
+    assert victim.read_text() == "PRECIOUS" and sorted(p.name for p in outside.iterdir()) == ["victim"]
+    epoch = state / "events.epoch"
+    assert not epoch.is_symlink() and epoch.read_text() == "1\n" and epoch.stat().st_mode & 0o777 == 0o600
+    assert not (state / "events.epoch.tmp").exists()
