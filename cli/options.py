@@ -129,8 +129,9 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
-def _claim_options(whole: str) -> Callable[[F], F]:
-    """The claim's flags; `whole` says what `--gpus` counts (a group has no replicas)."""
+def _claim_options(whole: str, holder: str) -> Callable[[F], F]:
+    """The claim's flags; `whole` says what `--gpus` counts and `holder` whose devices a claim
+    keeps together (a group has no replicas)."""
     return _stack(
         click.option("--gpus", type=click.IntRange(min=1), help=whole),
         click.option("--memory", type=SizeType(), help="A share of one device: memory (20GiB, 512MiB, 20G)."),
@@ -142,9 +143,10 @@ def _claim_options(whole: str) -> Callable[[F], F]:
         click.option("--strategy", type=click.Choice(["binpack", "spread"]),
                      help="binpack fills used GPUs first; spread takes the emptiest."),
         click.option("--colocate", type=click.Choice([*DOMAINS, "machine", "none"]),
-                     help="Keep one replica's devices inside one domain."),
+                     help=f"Keep {holder} devices inside one domain."),
         click.option("--exclusive", type=click.Choice(DOMAINS), help="Take a domain nobody else uses."),
-        click.option("--distinct", is_flag=True, default=None, help="Each replica on its own physical GPU."),
+        click.option("--distinct", is_flag=True, default=None,
+                     help="Each replica's group on its own physical GPU (DRA distinctAttribute)."),
         click.option("--pool", help="Only GPUs of this pool (cgd's config)."),
         click.option("--gpu-ids", type=GpuIdsType(), help="Only these GPUs, e.g. 0,1."),
         click.option("--priority", type=int, help="Higher priority takes over lower reservations."),
@@ -165,8 +167,8 @@ def _claim_options(whole: str) -> Callable[[F], F]:
     )
 
 
-claim_options = _claim_options("Whole devices per replica.")
-group_claim_options = _claim_options("Whole devices the group holds.")
+claim_options = _claim_options("Whole devices per replica.", "one replica's")
+group_claim_options = _claim_options("Whole devices the group holds.", "the group's")
 
 shape_options = _stack(
     click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,

@@ -22,8 +22,8 @@ from computegroups.cli.connect import (
 )
 from computegroups.cli.deploy import deployment_names, emit_changed, scale_deployment
 from computegroups.cli.options import NAME, DurationType
-from computegroups.cli.render import component_json, component_text, wrap
-from computegroups.cli.terminal import columns
+from computegroups.cli.render import component_json, component_text, shorten, wrap
+from computegroups.cli.terminal import WIDTH, columns
 from computegroups.daemon.client.errors import CgdError
 from computegroups.daemon.client.sync import CgdClient
 
@@ -90,8 +90,10 @@ def _progress(cgd: CgdClient, name: str, stop_timeout: float | None) -> Iterator
             ", ...)" if len(pids) > 4 else ")")
         while not done.wait(0.5):
             waited = time.monotonic() - start
-            click.echo(f"\rstopping {name}: waiting for {what} to exit, {waited:.0f}s of {grace:g}s "
-                       "before SIGKILL", nl=False, err=True)
+            line = f"stopping {name}: waiting for {what} to exit, {waited:.0f}s of {grace:g}s before SIGKILL"
+            # one line redrawn in place: never wider than the terminal, or it would scroll
+            width = _stderr_columns() - 1
+            click.echo(f"\r{shorten(line, width)}", nl=False, err=True)
         click.echo("\r\033[K", nl=False, err=True)
 
     shower = threading.Thread(target=show, daemon=True)
@@ -164,3 +166,11 @@ def restart(name: str, replica: int | None) -> None:
         emit_json(component_json(component))
     else:
         emit_lines(component_text(component, "restarted", width=columns()))
+
+
+def _stderr_columns() -> int:
+    """The width of the terminal stderr writes to (where the progress line goes); 80 when it says none."""
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns or WIDTH
+    except OSError:
+        return WIDTH

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -254,12 +257,14 @@ def test_a_finished_jobs_group_stays_while_a_sharer_uses_it(cgd: Cgd, tmp_path: 
     ok(cgd, "allocate", "whole-box", "--gpus", "8")
 
 
-def test_release_shows_what_it_waits_for_on_a_terminal(cgd: Cgd) -> None:
+@pytest.mark.parametrize("width", [200, 60])
+def test_release_shows_what_it_waits_for_on_a_terminal(cgd: Cgd, width: int) -> None:
     stubborn = "trap '' TERM; echo ready; while :; do sleep 0.05; done"
     ok(cgd, "allocate", "stubborn", "--gpus", "1", "--", "sh", "-c", stubborn)
     wait_for(lambda: (cgd.log_dir / "stubborn" / "0.out").read_text() == "ready\n", "the worker up")
     (pid,) = json.loads(ok(cgd, "list", "--json"))["components"][0]["replicas"][0]["pids"]
     main, terminal = os.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, width, 0, 0))
     try:
         done = subprocess.run([str(Path(sys.executable).parent / "cgctl"), "release", "stubborn",
                                "--stop-timeout", "1.5s"], env=cgd.env(), stdout=subprocess.PIPE,
@@ -272,8 +277,11 @@ def test_release_shows_what_it_waits_for_on_a_terminal(cgd: Cgd) -> None:
         os.close(main)
     assert done.returncode == 0 and done.stdout.startswith("released stubborn"), done
     text = shown.decode()
-    assert f"stopping stubborn: waiting for 1 worker (pid {pid}) to exit" in text, text
-    assert "of 1.5s before SIGKILL" in text and text.endswith("\r\x1b[K"), text
+    assert text.endswith("\r\x1b[K") and "stopping stubborn: waiting for" in text, text
+    assert all(len(line) < width for line in text.split("\r")), "redrawn in place, never wider than the terminal"
+    if width == 200:
+        assert f"stopping stubborn: waiting for 1 worker (pid {pid}) to exit" in text, text
+        assert "of 1.5s before SIGKILL" in text, text
 
 
 def _read_some(fd: int) -> bytes:
