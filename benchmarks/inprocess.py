@@ -8,12 +8,9 @@ carry: first-fit for the allocator, one fsync'd write for the state commit.
 
 from __future__ import annotations
 
-import time
-
 from benchmarks import allocator as alloc
 from benchmarks import statefiles
 from benchmarks.report import Table, ms, percentile, ratio
-from computegroups.topology.model import Machine
 
 
 def decisions(quick: bool) -> Table:
@@ -27,28 +24,12 @@ def decisions(quick: bool) -> Table:
             allocator = alloc.with_live_groups(machine, live)
             alloc.time_decisions(allocator, len(alloc.speed_claims()) * 2)
             times = alloc.time_decisions(allocator, count)
-            naive = _first_fit_times(machine, live, count)
+            naive = alloc.first_fit_times(machine, live, count)
             table.add(name, live, len(times) / sum(times), ms(percentile(times, 50)), ms(percentile(times, 99)),
                       len(naive) / sum(naive), ratio(percentile(times, 50), percentile(naive, 50)))
     table.note("first-fit: the lowest free indices, no topology (benchmarks/allocator.py `FirstFit`), "
                "on the same claims and the same live groups. Each decision is released again.")
     return table
-
-
-def _first_fit_times(machine: Machine, live: int, count: int) -> list[float]:
-    baseline = alloc.FirstFit(machine)
-    half = baseline.plain[: max(1, len(baseline.plain) // 2)]
-    for i in range(live):
-        baseline.used_memory[half[i % len(half)]] += 16
-    claims = alloc.speed_claims()
-    times = []
-    for i in range(count):
-        start = time.perf_counter()
-        placed = baseline.allocate(claims[i % len(claims)], "probe")
-        times.append(time.perf_counter() - start)
-        if placed is not None:
-            baseline.release("probe")
-    return times
 
 
 def packing(quick: bool) -> Table:
