@@ -51,7 +51,7 @@ async def attach(provider: KubernetesComputeResourceProvider, component_name: st
     try:
         for i in range(replicas):
             pod = k.user_holder_object(component_name, i, group_id, provider.namespace, provider.holder_image)
-            made.append(await create(provider, Pod, pod))
+            await create(provider, Pod, pod, made)
         return k.component_document(component_name, [await provider.get_group(group_id)], range(replicas))
     except BaseException:
         await delete_made(provider, made)

@@ -8,6 +8,7 @@ name, uid), so a call that gives up takes back exactly that.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,14 +33,27 @@ async def create_held(provider: KubernetesComputeResourceProvider, name: str, cl
     takes back what it made when it gives up, and only that."""
     await gone(provider, name)
     ns = provider.namespace
-    made.append(await create(provider, ResourceClaim, k.claim_object(name, ns, claim, provider.sharing, labels)))
-    made.append(await create(provider, Pod, k.holder_object(name, ns, provider.holder_image, labels, node)))
+    await create(provider, ResourceClaim, k.claim_object(name, ns, claim, provider.sharing, labels), made)
+    await create(provider, Pod, k.holder_object(name, ns, provider.holder_image, labels, node), made)
 
 
-async def create(provider: KubernetesComputeResourceProvider, res: Any, doc: Mapping[str, Json]) -> Made:
-    async with provider.translated():
-        created = await provider.client.create(res.from_dict(dict(doc)))
-    return res, str(created.metadata.name), str(created.metadata.uid)
+async def create(provider: KubernetesComputeResourceProvider, res: Any, doc: Mapping[str, Json],
+                 made: list[Made]) -> None:
+    """Create one object and put it in `made`. A cancellation (Ctrl-C) while the request is out
+    waits for its answer first: an object the server made must be in `made`, or the caller's
+    cleanup could not take it back."""
+    async def request() -> Made:
+        async with provider.translated():
+            created = await provider.client.create(res.from_dict(dict(doc)))
+        return res, str(created.metadata.name), str(created.metadata.uid)
+
+    answer = asyncio.ensure_future(request())
+    try:
+        made.append(await asyncio.shield(answer))
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            made.append(await answer)
+        raise
 
 
 async def delete_made(provider: KubernetesComputeResourceProvider, made: Sequence[Made]) -> None:
