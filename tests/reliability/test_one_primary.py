@@ -189,8 +189,9 @@ def test_a_released_promoted_shadow_hands_the_role_back_before_it_is_stopped(cgd
         assert status == 201, reply
     one_primary(cgd)
     promotable(cgd)
-    os.kill(pid_of(cgd, PRIMARY, "primary"), signal.SIGKILL)
-    one_primary(cgd)
+    primary = pid_of(cgd, PRIMARY, "primary")
+    os.kill(primary, signal.SIGKILL)
+    one_primary(cgd, killed=(primary,))  # not the roles of before the kill
     promotable(cgd)
     back = pid_of(cgd, PRIMARY, "shadow")
     role_file = Path(environ(back)["CG_ROLE_FILE"])  # type: ignore[index]
