@@ -111,11 +111,7 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
         except (BrokenAnswer, ValueError) as exc:
             raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
         finally:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
+            await _close(writer)
 
     async def _exchange(self, data: bytes) -> bytes:
         reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
@@ -124,8 +120,13 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
             await writer.drain()
             return await reader.read()
         finally:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
+            await _close(writer)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close a connection to cgd; one cgd already dropped is closed all the same."""
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass

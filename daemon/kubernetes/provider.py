@@ -275,13 +275,19 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
             raise
         return group
 
-    async def delete_group(self, group_id: str) -> bool:
+    async def _claim_or_none(self, group_id: str) -> dict[str, Json] | None:
+        """The group's claim, or None where there is none (delete and deallocate then answer False)."""
         try:
-            claim = await self._claim(group_id)
+            return await self._claim(group_id)
         except ClusterError as exc:
             if exc.code == "not_found":
-                return False
+                return None
             raise
+
+    async def delete_group(self, group_id: str) -> bool:
+        claim = await self._claim_or_none(group_id)
+        if claim is None:
+            return False
         owner = claim["metadata"].get("labels", {}).get(k.COMPONENT)
         if owner:
             raise ClusterError(409, "conflict", f"{group_id} belongs to component {owner}: deallocate that")
@@ -301,12 +307,9 @@ class KubernetesComputeResourceProvider(ComputeResourceProvider):
         """On a cluster each group is a claim of its own with its own holder pod, so one group is
         freed alone, whoever it belongs to: its claim and holder are deleted. A group made on
         its own is refused while a component attached to it uses it, as `delete_group` is."""
-        try:
-            claim = await self._claim(group_id)
-        except ClusterError as exc:
-            if exc.code == "not_found":
-                return False
-            raise
+        claim = await self._claim_or_none(group_id)
+        if claim is None:
+            return False
         if not claim["metadata"].get("labels", {}).get(k.COMPONENT):
             await self._check_unused(group_id)
         return await delete_held(self, group_id)
