@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from computegroups.cli.connect import (
+    Failed,
     client,
     complete_components,
     emit_json,
@@ -29,27 +30,31 @@ from computegroups.daemon.client.sync import CgdClient
 
 
 @click.command()
-@click.argument("name", type=NAME, required=False, shell_complete=complete_components)
+@click.argument("names", metavar="[NAME]...", nargs=-1, type=NAME, shell_complete=complete_components)
 @click.option("--all", "everything", is_flag=True, help="Release all of your components and reservations.")
 @click.option("--stop-timeout", type=DurationType(), metavar="DURATION",
-              help="Grace before the workers are killed (default: the component's own, 10s).")
-def release(name: str | None, everything: bool, stop_timeout: float | None) -> None:
-    """Release component (or reservation) NAME, stopping its workers.
+              help="Grace before the workers are killed (default: each component's own, 10s).")
+def release(names: tuple[str, ...], everything: bool, stop_timeout: float | None) -> None:
+    """Release the components (or reservations) NAME..., stopping their workers.
 
-    On a terminal it shows what it waits for while the workers stop.
+    Every name is checked before any is released: an unknown one, or one
+    you may not release, leaves the others running. On a terminal it shows
+    what it waits for while the workers stop.
     """
-    if bool(name) == everything:
-        raise click.UsageError("name one component, or give --all")
+    if bool(names) == everything:
+        raise click.UsageError("name the components to release, or give --all")
     if everything and stop_timeout is not None:
-        raise click.UsageError("--stop-timeout applies to one component: name it")
+        raise click.UsageError("--stop-timeout applies to named components: name them")
     cgd = client()
+    wanted = list(dict.fromkeys(names))
     with talking():
         if everything:
             result = _release_all(cgd)
         else:
-            with _progress(cgd, name or "", stop_timeout) as grace:
+            with _progress(cgd, wanted, stop_timeout) as grace:
                 cgd.timeout = max(cgd.timeout, grace + 30)
-                result = _release_one(cgd, name or "", stop_timeout)
+                result = _release_one(cgd, wanted[0], stop_timeout) if len(wanted) == 1 else \
+                    _release_many(cgd, wanted, stop_timeout)
     if json_wanted():
         emit_json(result)
         return
@@ -66,23 +71,27 @@ def release_text(result: dict[str, Any], width: int) -> list[str]:
 
 
 @contextmanager
-def _progress(cgd: CgdClient, name: str, stop_timeout: float | None) -> Iterator[float]:
-    """Yield the grace the workers get; meanwhile, on a terminal, say every half second what is awaited.
+def _progress(cgd: CgdClient, names: list[str], stop_timeout: float | None) -> Iterator[float]:
+    """Yield the longest grace the workers get; meanwhile, on a terminal, say every half second what
+    is awaited.
 
     A release returns only once nothing of the workers runs, which takes up
     to the grace (then SIGKILL): silence for that long reads as a hang.
     """
-    try:
-        component = cgd.get_component(name)
-    except CgdError:
-        yield stop_timeout or 0.0  # not a component (a reservation?): the release says what it is
-        return
-    grace = stop_timeout if stop_timeout is not None else float(component.get("stop_timeout_s") or 10.0)
-    pids = [p for r in component.get("replicas") or [] for p in r.get("pids") or []]
+    graces, pids = [], []
+    for name in names:
+        try:
+            component = cgd.get_component(name)
+        except CgdError:
+            continue  # not a component (a reservation?): the release says what it is
+        graces.append(stop_timeout if stop_timeout is not None else float(component.get("stop_timeout_s") or 10.0))
+        pids += [p for r in component.get("replicas") or [] for p in r.get("pids") or []]
+    grace = max(graces, default=stop_timeout or 0.0)
     if not pids or not sys.stderr.isatty():
         yield grace
         return
     done = threading.Event()
+    who = ", ".join(names)
 
     def show() -> None:
         start = time.monotonic()
@@ -90,7 +99,7 @@ def _progress(cgd: CgdClient, name: str, stop_timeout: float | None) -> Iterator
             ", ...)" if len(pids) > 4 else ")")
         while not done.wait(0.5):
             waited = time.monotonic() - start
-            line = f"stopping {name}: waiting for {what} to exit, {waited:.0f}s of {grace:g}s before SIGKILL"
+            line = f"stopping {who}: waiting for {what} to exit, {waited:.0f}s of {grace:g}s before SIGKILL"
             # one line redrawn in place: never wider than the terminal, or it would scroll
             width = _stderr_columns() - 1
             click.echo(f"\r{shorten(line, width)}", nl=False, err=True)
@@ -121,6 +130,24 @@ def _release_one(cgd: CgdClient, name: str, stop_timeout: float | None = None) -
                 raise
             raise exc from None
         return {"released": [], "groups": done.get("groups", []), "reservations": [name]}
+
+
+def _release_many(cgd: CgdClient, names: list[str], stop_timeout: float | None) -> dict[str, Any]:
+    """The components in one request, which cgd refuses whole if one of them may not go; the
+    reservations after, each named one checked to exist before anything is released."""
+    components = {c["name"] for c in cgd.list_components()["components"]}
+    reservations = {r["name"] for r in cgd.list_reservations()["reservations"]}
+    unknown = [n for n in names if n not in components and n not in reservations]
+    if unknown:
+        listed = ", ".join(repr(n) for n in unknown)
+        raise Failed(f"no component or reservation named {listed}: nothing released (`cgctl list` shows what exists)")
+    mine = [n for n in names if n in components]
+    done = cgd.release_components(mine, stop_timeout) if mine else {"released": [], "groups": []}
+    groups = list(done["groups"])
+    held = [n for n in names if n not in components]
+    for name in held:
+        groups += cgd.delete_reservation(name).get("groups", [])
+    return {"released": done["released"], "groups": sorted(groups), "reservations": held}
 
 
 def _release_all(cgd: CgdClient) -> dict[str, Any]:

@@ -152,6 +152,19 @@ class ApiHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps({"error": {"code": codes.get(status_code, "internal"), "message": message}}) + "\n")
 
+    def stop_timeout(self) -> float | None:
+        """`?stop_timeout=S`: a release's grace before its workers are killed, instead of their own."""
+        raw = self.get_query_argument("stop_timeout", None)
+        if raw is None:
+            return None
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise BadRequest(f"stop_timeout: expected seconds, got {raw[:40]!r}") from None
+        if not 0 <= timeout <= 3600:
+            raise BadRequest("stop_timeout: must be between 0 and 3600 seconds")
+        return timeout
+
     @overload
     def query_int(self, name: str) -> int | None: ...
 
@@ -213,10 +226,17 @@ class ComponentsHandler(ApiHandler):
         await self.run(lambda: self.app.manager.allocate(self.caller, self.decode(ComponentRequest)), 201)
 
     async def delete(self) -> None:
-        if self.get_query_argument("all", "") not in ("true", "1"):
-            await self.run(lambda: _raise(BadRequest("add ?all=true to release all your components")))
-            return
-        await self.run(lambda: self.app.manager.release_all(self.caller))
+        """`?all=true`: all the caller's components; `?name=A&name=B`: those, all checked before any goes."""
+        names = self.get_query_arguments("name")
+        everything = self.get_query_argument("all", "") in ("true", "1")
+        if everything == bool(names):
+            await self.run(lambda: _raise(BadRequest(
+                "add ?all=true to release all your components, or ?name=A&name=B to release those")))
+        elif everything:
+            await self.run(lambda: self.app.manager.release_all(self.caller))
+        else:
+            await self.run(lambda: self.app.manager.release_many(
+                self.caller, [check_name(n) for n in names], self.stop_timeout()))
 
 
 class ComponentHandler(ApiHandler):
@@ -224,18 +244,7 @@ class ComponentHandler(ApiHandler):
         await self.run(lambda: self.app.manager.component(check_name(name)))
 
     async def delete(self, name: str) -> None:
-        def release() -> Any:
-            raw = self.get_query_argument("stop_timeout", None)
-            timeout = None
-            if raw is not None:
-                try:
-                    timeout = float(raw)
-                except ValueError:
-                    raise BadRequest(f"stop_timeout: expected seconds, got {raw[:40]!r}") from None
-                if not 0 <= timeout <= 3600:
-                    raise BadRequest("stop_timeout: must be between 0 and 3600 seconds")
-            return self.app.manager.release(self.caller, check_name(name), timeout)
-        await self.run(release)
+        await self.run(lambda: self.app.manager.release(self.caller, check_name(name), self.stop_timeout()))
 
 
 class WaitHandler(ApiHandler):

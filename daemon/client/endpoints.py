@@ -84,6 +84,12 @@ class Endpoints(ABC, Generic[R]):
         timeout = None if stop_timeout is None else f"{stop_timeout:g}"
         return self.send(Request("DELETE", _with_query(f"/v1/components/{_seg(name)}", stop_timeout=timeout)))
 
+    def release_components(self, names: list[str], stop_timeout: float | None = None) -> R:
+        """Several components in one request: cgd checks every name before it releases any."""
+        timeout = None if stop_timeout is None else f"{stop_timeout:g}"
+        query = urlencode([("name", n) for n in names] + ([("stop_timeout", timeout)] if timeout else []))
+        return self.send(Request("DELETE", f"/v1/components?{query}"))
+
     def release_all(self) -> R:
         return self.send(Request("DELETE", _with_query("/v1/components", all=True)))
 

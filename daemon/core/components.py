@@ -104,18 +104,33 @@ class Components(Groups):
         """`stop_timeout` overrides the component's own grace before its workers are killed;
         `only_from` refuses unless the component still has that many replicas (see `scale`)."""
         async with self.keeper.lock:
-            self.check_idle(name)
-            comp = self.doc.components.get(name)
-            if comp is None or comp.state != "releasing":  # a release whose stop failed may be retried
-                comp = component_or_404(self.doc, name)
-            check_owner(caller, comp.owner_uid, f"component {name!r}")
-            if only_from is not None and comp.replicas != only_from:
-                raise Conflict(f"component {name!r} changed meanwhile ({plural(comp.replicas, 'replica')} now): "
-                               "ask again")
-            if comp.deployment:
-                raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
+            self._check_release(caller, name, only_from)
             closure, refs = self._begin_release([name])
         return await self._finish_release(closure, refs, stop_timeout)
+
+    async def release_many(self, caller: Caller, names: list[str],
+                           stop_timeout: float | None = None) -> dict[str, Any]:
+        """Every name is checked as `release` checks one before any is marked releasing: a name that
+        can not go (unknown, another's, a deployment's) leaves the others as they were."""
+        if not names:
+            raise BadRequest("name at least one component to release")
+        async with self.keeper.lock:
+            for name in names:
+                self._check_release(caller, name)
+            closure, refs = self._begin_release(list(dict.fromkeys(names)))
+        return await self._finish_release(closure, refs, stop_timeout)
+
+    def _check_release(self, caller: Caller, name: str, only_from: int | None = None) -> None:
+        self.check_idle(name)
+        comp = self.doc.components.get(name)
+        if comp is None or comp.state != "releasing":  # a release whose stop failed may be retried
+            comp = component_or_404(self.doc, name)
+        check_owner(caller, comp.owner_uid, f"component {name!r}")
+        if only_from is not None and comp.replicas != only_from:
+            raise Conflict(f"component {name!r} changed meanwhile ({plural(comp.replicas, 'replica')} now): "
+                           "ask again")
+        if comp.deployment:
+            raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
 
     async def release_all(self, caller: Caller) -> dict[str, Any]:
         async with self.keeper.lock:

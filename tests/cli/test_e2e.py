@@ -223,6 +223,31 @@ def test_release_of_a_reservation_and_all(cgd: Cgd) -> None:
     assert components(cgd) == {}
 
 
+def test_release_of_several_names_checks_them_all_first(cgd: Cgd) -> None:
+    ok(cgd, "allocate", "a", "--gpus", "1", "--", "sleep", "60")
+    ok(cgd, "allocate", "b", "--gpus", "1", "--", "sleep", "60")
+    ok(cgd, "allocate", "c", "--gpus", "1")
+    ok(cgd, "allocate", "c-user", "--share-with", "c")
+    ok(cgd, "reserve", "held", "--gpus", "1")
+    pids = {p for name in ("a", "b") for r in components(cgd)[name]["replicas"] for p in r["pids"]}
+
+    assert "'typo'" in refused(cgd, "release", "a", "typo", "b")
+    for query in ("", "?all=true&name=a", "?name=a&name=b&stop_timeout=-1"):
+        assert cgd.request("DELETE", f"/v1/components{query}")[0] == 400, query
+    assert "release it first" in refused(cgd, "release", "a", "c", "b")
+    assert set(components(cgd)) == {"a", "b", "c", "c-user"}
+    assert all(components(cgd)[n]["state"] == "running" for n in ("a", "b"))
+    assert all(_alive(pid) for pid in pids)
+
+    doc = ok_json(cgd, "release", "a", "held", "b", "a")
+    assert sorted(doc["released"]) == ["a", "b"] and doc["reservations"] == ["held"]
+    assert sorted(doc["groups"]) == ["a-0", "b-0", "held-0"]
+    assert set(components(cgd)) == {"c", "c-user"}
+    assert cgd.request("GET", "/v1/reservations")[1]["reservations"] == []
+    wait_for(lambda: not any(_alive(pid) for pid in pids))
+    assert ok(cgd, "release", "c-user", "c").startswith("released c-user, c")
+
+
 def test_share_with_uses_the_same_devices(cgd: Cgd) -> None:
     first = ok_json(cgd, "allocate", "a", "--memory", "20GiB")
     second = ok_json(cgd, "allocate", "b", "--share-with", "a")

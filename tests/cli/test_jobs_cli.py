@@ -129,7 +129,7 @@ def test_release_takes_a_stop_timeout_for_a_worker_that_ignores_sigterm(cgd: Cgd
     assert time.monotonic() - started < 8, "the component's own 10 s grace was used, not --stop-timeout"
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     bad = cgd.cgctl("release", "--all", "--stop-timeout", "1s")
-    assert bad.returncode == 2 and "name it" in bad.stderr, bad
+    assert bad.returncode == 2 and "name them" in bad.stderr, bad
 
 
 def test_cuda_variables_of_the_user_reach_the_worker_and_only_cgds_own_are_refused(cgd: Cgd) -> None:

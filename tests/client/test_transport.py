@@ -51,11 +51,13 @@ def test_names_are_one_path_segment_and_queries_are_encoded(make, sock_path: Pat
         make(sock_path)("get_component", ("a/../b",))
         make(sock_path)("component_logs", ("web", 1, "stderr", None, 40))
         make(sock_path)("release_all", ())
+        make(sock_path)("release_components", (["a/b", "c"], 2.5))
     lines = [r.split(b"\r\n", 1)[0] for r in server.requests]
     assert lines == [
         b"GET /v1/components/a%2F..%2Fb HTTP/1.1",
         b"GET /v1/components/web/logs?replica=1&stream=stderr&offset=40 HTTP/1.1",
         b"DELETE /v1/components?all=true HTTP/1.1",
+        b"DELETE /v1/components?name=a%2Fb&name=c&stop_timeout=2.5 HTTP/1.1",
     ]
 
 
