@@ -154,16 +154,20 @@ class ApiHandler(tornado.web.RequestHandler):
 
     def stop_timeout(self) -> float | None:
         """`?stop_timeout=S`: a release's grace before its workers are killed, instead of their own."""
-        raw = self.get_query_argument("stop_timeout", None)
+        return self.query_seconds("stop_timeout")
+
+    def query_seconds(self, name: str, hint: str = "") -> float | None:
+        """A duration in seconds, 0 to an hour: what a request may make cgd wait."""
+        raw = self.get_query_argument(name, None)
         if raw is None:
             return None
         try:
-            timeout = float(raw)
+            seconds = float(raw)
         except ValueError:
-            raise BadRequest(f"stop_timeout: expected seconds, got {raw[:40]!r}") from None
-        if not 0 <= timeout <= 3600:
-            raise BadRequest("stop_timeout: must be between 0 and 3600 seconds")
-        return timeout
+            raise BadRequest(f"{name}: expected seconds, got {raw[:40]!r}") from None
+        if not 0 <= seconds <= 3600:
+            raise BadRequest(f"{name}: must be between 0 and 3600 seconds{hint}")
+        return seconds
 
     @overload
     def query_int(self, name: str) -> int | None: ...
@@ -255,14 +259,8 @@ class WaitHandler(ApiHandler):
             until = self.get_query_argument("until", "ended")
             if until not in ("ended", "placed"):
                 raise BadRequest("until: must be ended or placed")
-            raw = self.get_query_argument("timeout", "60")
-            try:
-                timeout = float(raw)
-            except ValueError:
-                raise BadRequest(f"timeout: expected seconds, got {raw[:40]!r}") from None
-            if not 0 <= timeout <= 3600:
-                raise BadRequest("timeout: must be between 0 and 3600 seconds (ask again to wait longer)")
-            return self.app.manager.wait_for(check_name(name), until, timeout)
+            timeout = self.query_seconds("timeout", " (ask again to wait longer)")
+            return self.app.manager.wait_for(check_name(name), until, 60.0 if timeout is None else timeout)
         await self.run(wait)
 
 

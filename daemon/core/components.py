@@ -126,9 +126,7 @@ class Components(Groups):
         if comp is None or comp.state != "releasing":  # a release whose stop failed may be retried
             comp = component_or_404(self.doc, name)
         check_owner(caller, comp.owner_uid, f"component {name!r}")
-        if only_from is not None and comp.replicas != only_from:
-            raise Conflict(f"component {name!r} changed meanwhile ({plural(comp.replicas, 'replica')} now): "
-                           "ask again")
+        _check_unchanged(comp, only_from)
         if comp.deployment:
             raise BadRequest(f"{name!r} belongs to deployment {comp.deployment!r}: delete or scale it there")
 
@@ -146,9 +144,7 @@ class Components(Groups):
         async with self.keeper.lock:
             comp = component_or_404(self.doc, name)
             check_owner(caller, comp.owner_uid, f"component {name!r}")
-            if only_from is not None and comp.replicas != only_from:
-                raise Conflict(f"component {name!r} changed meanwhile ({plural(comp.replicas, 'replica')} now): "
-                               "ask again")
+            _check_unchanged(comp, only_from)
             if comp.shadow_of:
                 raise BadRequest(f"{name!r} is a shadow of {comp.shadow_of!r}: scale the primary")
             if comp.deployment:
@@ -311,3 +307,10 @@ class Components(Groups):
         with self.keeper.transaction() as doc:
             if name in doc.components:
                 doc.components[name] = replace(doc.components[name], state=ComponentState.FAILED)
+
+
+def _check_unchanged(comp: ComponentRecord, only_from: int | None) -> None:
+    """A decision made before the lock was taken again must not act on a component scaled since."""
+    if only_from is not None and comp.replicas != only_from:
+        raise Conflict(f"component {comp.name!r} changed meanwhile ({plural(comp.replicas, 'replica')} now): "
+                       "ask again")
