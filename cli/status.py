@@ -9,7 +9,8 @@ import time
 import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
-from computegroups.cli.render import colour_enabled, component_json, list_text, status_text, styler
+from computegroups.cli.render import colour_enabled, component_json, list_text, styler
+from computegroups.cli.status_long import long_lines
 from computegroups.cli.status_view import STALE_AFTER_S, Board, status_json, status_lines
 from computegroups.cli.terminal import columns
 from computegroups.daemon.client.sync import CgdClient
@@ -41,15 +42,7 @@ def status(watch: bool, interval: float, long_: bool) -> None:
     claimed, temperature, and who is on it in which state; then a summary,
     the alerts, the queue, what restarts and the jobs that ended."""
     cgd = client()
-    if long_:
-        with talking():
-            doc = cgd.status()
-        if json_wanted():
-            emit_json(doc)
-        else:
-            emit_lines(status_text(doc, styler(colour_enabled())))
-        return
-    if watch and not json_wanted() and sys.stdout.isatty() and sys.stdin.isatty():
+    if watch and not long_ and not json_wanted() and sys.stdout.isatty() and sys.stdin.isatty():
         _watch(cgd, interval)
         return
     with talking():
@@ -57,7 +50,8 @@ def status(watch: bool, interval: float, long_: bool) -> None:
     if json_wanted():
         emit_json(status_json(board))
     else:
-        emit_lines(status_lines(board, styler(colour_enabled()), columns()))
+        draw = long_lines if long_ else status_lines
+        emit_lines(draw(board, styler(colour_enabled()), columns()))
 
 
 @click.command()
