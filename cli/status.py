@@ -42,8 +42,8 @@ def status(watch: bool, interval: float, long_: bool) -> None:
     claimed, temperature, and who is on it in which state; then a summary,
     the alerts, the queue, what restarts and the jobs that ended."""
     cgd = client()
-    if watch and not long_ and not json_wanted() and sys.stdout.isatty() and sys.stdin.isatty():
-        _watch(cgd, interval)
+    if watch and not json_wanted() and sys.stdout.isatty() and sys.stdin.isatty():
+        _watch(cgd, interval, long_)
         return
     with talking():
         board = look(cgd)
@@ -63,13 +63,13 @@ def top(ctx: click.Context, interval: float) -> None:
     ctx.invoke(status, watch=True, interval=interval, long_=False)
 
 
-def _watch(cgd: CgdClient, interval: float) -> None:
+def _watch(cgd: CgdClient, interval: float, long: bool) -> None:
     from computegroups.cli.watch import watch
 
     with talking():
         machine = cgd.machine()
         first = look(cgd)
-    watch(lambda: look(cgd), first, machine["nvlink_islands"], interval, machine.get("hostname") or "")
+    watch(lambda: look(cgd), first, machine["nvlink_islands"], interval, machine.get("hostname") or "", long)
 
 
 @click.command(name="list")

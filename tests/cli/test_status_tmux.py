@@ -370,3 +370,20 @@ def test_long_status_shows_groups_made_on_their_own_within_the_terminal(
         shown(lines, width)
         at = lines.index(f"  on it: {long_name}:run" + (" (exclusive)" if width == 80 else ""))
         assert width == 80 or lines[at + 1] == "         (exclusive)"  # wrapped under the list, not cut
+
+    # --watch --long: the blocks redrawn, scrolled to the end, where a new group shows
+    p = pane(80, 30)
+    p.run(cgd, "status", "--watch", "--long", "--interval", "0.2")
+    p.until(lambda s: "every 0.2s" in s[0] and s[1].startswith("8 GPUs: ") and s[3].startswith("GPU 0  NVIDIA"),
+            "the watch draws the blocks")
+    p.keys("End")
+    screen = p.until(lambda s: s[-1] == f"  {mig['id']}  allocated  {mig_gpu}:{mig_uuid[:12]}  -",
+                     "scrolled to the groups")
+    total = int(re.findall(r" \d+-\d+/(\d+) ", screen[0])[0])
+    cpus = json.loads(ok(cgd, "--json", "group", "create", "--cpus", "1"))["id"]
+    p.until(lambda s: f"/{total + 1} " in s[0], "a line more to scroll to")
+    p.keys("End")
+    screen = p.until(lambda s: s[-1] == f"  {cpus}  allocated  1 CPU           -", "the new group shows")
+    assert all(len(line) <= 80 for line in screen) and len(screen) <= 30
+    p.keys("q")
+    assert p.until(ended, "ended on q")[:2] == ["EXIT=0", "icanon"]
