@@ -248,7 +248,7 @@ def line(cells: Cells, width: int, label_width: int, style: Style, users: bool =
     tokens = [(m, style(m, fg=mark_colour(m), bold=True)) for m in cells.marks]
     tokens += [(name, style(name, fg=state_colour(o.state)))
                for name, o in ((occupant_label(o, users), o) for o in cells.occupants)]
-    return head + _fit_tokens(tokens, width - len(head) - 2, prefix="  ")
+    return head + _fit_tokens(tokens, width - len(head) - 2, prefix="  ", named=len(cells.marks))
 
 
 def mark_colour(mark: str) -> str:
@@ -271,8 +271,10 @@ def state_colour(state: str) -> str | None:
     return "green" if state == "running" else None
 
 
-def _fit_tokens(tokens: Sequence[tuple[str, str]], room: int, prefix: str) -> str:
-    """As many tokens as fit in `room` columns, then `+N` for the rest; a first token too long is cut."""
+def _fit_tokens(tokens: Sequence[tuple[str, str]], room: int, prefix: str, named: int = 0) -> str:
+    """As many tokens as fit in `room` columns, then `+N` for the rest; a first token too long, or
+    the token at `named` (the first occupant after the marks, so that a drained GPU still says
+    who is on it), is cut."""
     if not tokens or room <= 0:
         return ""
     shown: list[str] = []
@@ -286,11 +288,13 @@ def _fit_tokens(tokens: Sequence[tuple[str, str]], room: int, prefix: str) -> st
             used = need
             continue
         left = len(tokens) - i
-        if not shown:
-            cut = room - len(f" +{rest}") if rest else room
+        if not shown or i == named:
+            before = used + 1 if shown else 0
+            cut = room - before - len(more)
             if cut >= 4:  # a name keeps its start and its end (and so its state), as `cgctl list`'s do
-                return prefix + shorten(plain, cut, middle=True) + (f" +{rest}" if rest else "")
-            return prefix + f"+{left}"[:room]
+                return prefix + " ".join([*shown, shorten(plain, cut, middle=True)]) + more
+            if not shown:
+                return prefix + f"+{left}"[:room]
         return prefix + " ".join(shown) + f" +{left}"
     return prefix + " ".join(shown)
 

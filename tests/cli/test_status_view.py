@@ -311,3 +311,11 @@ def test_names_in_the_status_keep_their_start_and_end() -> None:
                "queue": {"position": 1, "reason": "needs 8 whole GPUs"}}
     glance = status_lines(Board.of({"gpus": [gpu(0)], "components": [pending]}, [], []), plain)
     assert any("pending #1  abcdefghij-...efghij-end" in text for text in glance), glance
+
+
+def test_a_marked_gpu_still_names_who_is_on_it_shortened() -> None:
+    long = "trainer-with-a-rather-long-name"
+    status = {"gpus": [gpu(0, drained=True, components=[long, "zz"]), gpu(1, drained=True, components=[long])]}
+    found = rows(gpu_lines(Board.of(status, [], []), 80, plain))
+    assert found["0"].endswith("  DRAINED trainer-wi...ng-name:- +1") and len(found["0"]) == 80  # was `DRAINED +2`
+    assert found["1"].endswith("  DRAINED trainer-wit...long-name:-") and len(found["1"]) == 80
