@@ -36,7 +36,8 @@ def stale_after(health: dict[str, object]) -> float:
 @click.command()
 @click.option("--watch", "-w", is_flag=True, help="Redraw in place until Ctrl-C or q (like `cgctl top`).")
 @INTERVAL
-@click.option("--long", "long_", is_flag=True, help="One block per GPU with bars, pids and reasons.")
+@click.option("--long", "long_", is_flag=True,
+              help="One block per GPU (bars, MIG instances, reasons), then the groups made on their own.")
 def status(watch: bool, interval: float, long_: bool) -> None:
     """One line per GPU: utilisation, memory used (measured) against memory
     claimed, temperature, and who is on it in which state; then a summary,
