@@ -65,8 +65,9 @@ def long_lines(board: Board, style: Style, width: int = WIDTH) -> list[str]:
     unhealthy = sum(1 for g in gpus if g.get("health") not in (None, "ok") or g.get("degraded"))
     lines = [*state_loss_lines(board.status.get("state_loss") or [], style),
              f"{len(gpus)} GPUs: {busy} in use, {drained} drained, {unhealthy} unhealthy"]
+    short = any(len(_head(board, g, style, width, short=False)) > 1 for g in gpus)  # one name for GPUs alike
     for g in gpus:
-        lines += ["", *gpu_block(board, g, style, width)]
+        lines += ["", *gpu_block(board, g, style, width, short)]
     lost = board.status.get("lost_groups") or []
     if lost:
         rows = [[str(grp["id"]), str(grp.get("owner")), devices_label(grp.get("devices") or [])] for grp in lost]
@@ -79,16 +80,18 @@ def long_lines(board: Board, style: Style, width: int = WIDTH) -> list[str]:
     return [clip(text, width) for text in lines]
 
 
-def gpu_block(board: Board, g: Doc, style: Style, width: int) -> list[str]:
+def gpu_block(board: Board, g: Doc, style: Style, width: int, short: bool = False) -> list[str]:
     """One GPU as a person reads it: marks, measured utilisation and temperature, memory and SM
-    bars of what cgd handed out, MIG instances, who is on it, and why it is marked."""
-    return [*_head(board, g, style, width), *_bars(g, style, width), *_mig(g, width), *_on_it(board, g, style, width),
+    bars of what cgd handed out, MIG instances, who is on it, and why it is marked; with `short`,
+    the model without its vendor and form factor."""
+    return [*_head(board, g, style, width, short), *_bars(g, style, width), *_mig(g, width),
+            *_on_it(board, g, style, width),
             *flow([(w, w) for w in "; ".join(reasons(g)).split()], width, "  why: ", "       ")]
 
 
-def _head(board: Board, g: Doc, style: Style, width: int) -> list[str]:
-    """`GPU 3  NVIDIA H100 80GB HBM3  util 87%  61C  FAILED  DEGRADED`; `H100 80GB` when the
-    full name would push the marks onto a line of their own."""
+def _head(board: Board, g: Doc, style: Style, width: int, short: bool) -> list[str]:
+    """`GPU 3  NVIDIA H100 80GB HBM3  util 87%  61C  FAILED  DEGRADED`; with `short`, `H100 80GB`.
+    What does not fit goes on under it."""
     cells = gpu_cells(g, [], board.stale(g))
     found = marks(g)
     tail: list[Word] = [(f"util {cells.util}", f"util {cells.util}"), (cells.temperature, cells.temperature),
@@ -96,12 +99,8 @@ def _head(board: Board, g: Doc, style: Style, width: int) -> list[str]:
     if not found:
         tail.append(("ok", style("ok", fg="green")))
     first = f"GPU {g['index']}"
-    lines: list[str] = []
-    for name in dict.fromkeys((str(g.get("name") or "-"), short_model(g.get("name")))):
-        lines = flow([(first, style(first, bold=True)), (name, name), *tail], width, "", "  ", gap="  ")
-        if len(lines) == 1:
-            break
-    return lines
+    name = short_model(g.get("name")) if short else str(g.get("name") or "-")
+    return flow([(first, style(first, bold=True)), (name, name), *tail], width, "", "  ", gap="  ")
 
 
 def _bars(g: Doc, style: Style, width: int) -> list[str]:

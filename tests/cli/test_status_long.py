@@ -185,3 +185,11 @@ def test_flow_wraps_words_and_keeps_the_ends_of_one_too_long() -> None:
     words = [(w, w) for w in ("a,", "bb,", "a-very-long-word-indeed", "c")]
     assert flow(words, 12, "x: ", "   ") == ["x: a, bb,", "   a-v...eed", "   c"]
     assert flow([], 12, "x: ", "   ") == []
+
+
+def test_gpus_alike_are_named_alike_when_one_needs_the_short_name() -> None:
+    doc = {"gpus": [gpu(0), gpu(1, drained=True, degraded=True, health="failed")]}
+    heads = [line for line in long_lines(Board.of(doc, [], []), plain, 60) if line.startswith("GPU ")]
+    assert heads == ["GPU 0  H100 80GB  util -  40C  ok", "GPU 1  H100 80GB  util -  40C  FAILED  DEGRADED  DRAINED"]
+    alone = long_lines(Board.of({"gpus": [gpu(0)]}, [], []), plain, 60)
+    assert alone[2] == "GPU 0  NVIDIA H100 80GB HBM3  util -  40C  ok"
