@@ -272,56 +272,19 @@ def _expires(at: float | None, now: float | None = None) -> str:
     return f"in {minutes}m{seconds:02d}s" if minutes else f"in {seconds}s"
 
 
-def bar(parts: Sequence[tuple[float, str]], total: float, style: Style, colour: str) -> str:
-    """`[####++------]`: each part a share of `total` drawn with its own mark."""
-    cells = ""
+def bar(parts: Sequence[tuple[float, str]], total: float, style: Style, colour: str, cells: int = BAR_WIDTH) -> str:
+    """`[####++------]`: each part a share of `total` drawn with its own mark, in `cells` cells."""
+    drawn = ""
     for amount, mark in parts:
-        n = round(BAR_WIDTH * amount / total) if total else 0
-        cells += mark * max(0, min(n, BAR_WIDTH - len(cells)))
-    filled = style(cells, fg=colour) if cells else ""
-    return f"[{filled}{'-' * (BAR_WIDTH - len(cells))}]"
+        n = round(cells * amount / total) if total else 0
+        drawn += mark * max(0, min(n, cells - len(drawn)))
+    filled = style(drawn, fg=colour) if drawn else ""
+    return f"[{filled}{'-' * (cells - len(drawn))}]"
 
 
-def _level(fraction: float) -> str:
+def level(fraction: float) -> str:
+    """The colour of a bar filled to `fraction`: green, yellow from 70%, red from 90%."""
     return "green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red"
-
-
-def gpu_block(g: Doc, style: Style) -> list[str]:
-    """One GPU as a person reads it: marks, memory and SM bars, who is on it."""
-    healthy = g.get("health") in (None, "ok")
-    marks = [style("ok", fg="green") if healthy else style(str(g["health"]).upper(), fg="red", bold=True)]
-    if g.get("degraded"):
-        marks.append(style("DEGRADED", fg="red", bold=True))
-    if g.get("drained"):
-        marks.append(style("DRAINED", fg="yellow", bold=True))
-    if g.get("foreign_processes"):
-        marks.append(style("FOREIGN", fg="magenta"))
-    temp = f"  {g['temperature_c']}°C" if g.get("temperature_c") is not None else ""
-    header = style(f"GPU {g['index']}", bold=True)
-    lines = [f"{header}  {g.get('name') or ''}{temp}  {' '.join(marks)}"]
-    total = g.get("memory_mib") or 0
-    ours, foreign = g.get("memory_allocated_mib") or 0, g.get("memory_foreign_mib") or 0
-    used = ours + foreign
-    extra = f"  ({size(foreign)} foreign)" if foreign else ""
-    lines.append(f"  mem {bar([(ours, '#'), (foreign, '+')], total, style, _level(used / total if total else 0))}"
-                 f" {used / 1024:.1f}/{total / 1024:.1f} GiB{extra}")
-    pct = g.get("compute_allocated_pct")
-    if pct is None:
-        lines.append("  sm  (MIG: shared by instance)")
-    else:
-        lines.append(f"  sm  {bar([(pct, '#')], 100, style, _level(pct / 100))} {pct}%")
-    for m in g.get("mig_devices") or []:
-        lines.append(f"  mig {m.get('profile')}  {m.get('uuid')}  {m.get('group') or 'free'}")
-    if g.get("components"):
-        owner = g.get("exclusive_owner")
-        names = [c.get("name") if isinstance(c, Mapping) else c for c in g["components"]]
-        who = ", ".join(f"{c} (exclusive)" if c == owner else str(c) for c in names)
-        lines.append(f"  on it: {who}")
-    for p in g.get("foreign_processes") or []:
-        lines.append(f"  foreign pid {p.get('pid')} ({size(p.get('used_memory_mib'))})")
-    if g.get("reasons"):
-        lines.append(f"  why: {'; '.join(str(r) for r in g['reasons'])}")
-    return lines
 
 
 ENDED_SHOWN = 5
@@ -376,22 +339,3 @@ def state_loss_lines(lost: list[Doc], style: Style) -> list[str]:
     lines += [f"  {w['replica']} of {w['user']} (pids {', '.join(map(str, w['pids']))}; "
               f"devices {w['devices'] or 'none'})" for w in lost]
     return [*lines, "  `cgctl ack-state-loss` once looked at (root)", ""]
-
-
-def status_text(status: Doc, style: Style) -> list[str]:
-    gpus = status.get("gpus") or []
-    busy = sum(1 for g in gpus if g.get("groups"))
-    drained = sum(1 for g in gpus if g.get("drained"))
-    unhealthy = sum(1 for g in gpus if g.get("health") not in (None, "ok") or g.get("degraded"))
-    lines = [*state_loss_lines(status.get("state_loss") or [], style),
-             f"{len(gpus)} GPUs: {busy} in use, {drained} drained, {unhealthy} unhealthy"]
-    for g in gpus:
-        lines += ["", *gpu_block(g, style)]
-    lost = status.get("lost_groups") or []
-    if lost:
-        lines += ["", style("LOST", fg="red", bold=True) + " groups whose devices vanished:"]
-        lines += [f"  {grp['id']} ({grp.get('owner')}): {devices_label(grp.get('devices') or [])}" for grp in lost]
-    glance = glance_lines(status.get("components") or [])
-    if glance:
-        lines += ["", *glance]
-    return lines

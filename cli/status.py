@@ -9,7 +9,8 @@ import time
 import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
-from computegroups.cli.render import colour_enabled, component_json, list_text, status_text, styler
+from computegroups.cli.render import colour_enabled, component_json, list_text, styler
+from computegroups.cli.status_long import long_lines
 from computegroups.cli.status_view import STALE_AFTER_S, Board, status_json, status_lines
 from computegroups.cli.terminal import columns
 from computegroups.daemon.client.sync import CgdClient
@@ -35,29 +36,23 @@ def stale_after(health: dict[str, object]) -> float:
 @click.command()
 @click.option("--watch", "-w", is_flag=True, help="Redraw in place until Ctrl-C or q (like `cgctl top`).")
 @INTERVAL
-@click.option("--long", "long_", is_flag=True, help="One block per GPU with bars, pids and reasons.")
+@click.option("--long", "long_", is_flag=True,
+              help="One block per GPU (bars, MIG instances, reasons), then the groups made on their own.")
 def status(watch: bool, interval: float, long_: bool) -> None:
     """One line per GPU: utilisation, memory used (measured) against memory
     claimed, temperature, and who is on it in which state; then a summary,
     the alerts, the queue, what restarts and the jobs that ended."""
     cgd = client()
-    if long_:
-        with talking():
-            doc = cgd.status()
-        if json_wanted():
-            emit_json(doc)
-        else:
-            emit_lines(status_text(doc, styler(colour_enabled())))
-        return
     if watch and not json_wanted() and sys.stdout.isatty() and sys.stdin.isatty():
-        _watch(cgd, interval)
+        _watch(cgd, interval, long_)
         return
     with talking():
         board = look(cgd)
     if json_wanted():
         emit_json(status_json(board))
     else:
-        emit_lines(status_lines(board, styler(colour_enabled()), columns()))
+        draw = long_lines if long_ else status_lines
+        emit_lines(draw(board, styler(colour_enabled()), columns()))
 
 
 @click.command()
@@ -69,13 +64,13 @@ def top(ctx: click.Context, interval: float) -> None:
     ctx.invoke(status, watch=True, interval=interval, long_=False)
 
 
-def _watch(cgd: CgdClient, interval: float) -> None:
+def _watch(cgd: CgdClient, interval: float, long: bool) -> None:
     from computegroups.cli.watch import watch
 
     with talking():
         machine = cgd.machine()
         first = look(cgd)
-    watch(lambda: look(cgd), first, machine["nvlink_islands"], interval, machine.get("hostname") or "")
+    watch(lambda: look(cgd), first, machine["nvlink_islands"], interval, machine.get("hostname") or "", long)
 
 
 @click.command(name="list")

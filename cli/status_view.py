@@ -245,19 +245,23 @@ def line(cells: Cells, width: int, label_width: int, style: Style, users: bool =
             + f"{memory:>10} {cells.temperature:>4}")
     if len(head) >= width:
         return head[:width].rstrip()
-    tokens = [(m, style(m, fg="yellow" if m.split()[-1] in ("DRAINED", "FOREIGN", "OVER-SHARE", "HELD") else "red",
-                        bold=True)) for m in cells.marks]
-    tokens += [(name, style(name, fg=_colour(o.state)))
-               for name, o in ((_label(o, users), o) for o in cells.occupants)]
-    return head + _fit_tokens(tokens, width - len(head) - 2, prefix="  ")
+    tokens = [(m, style(m, fg=mark_colour(m), bold=True)) for m in cells.marks]
+    tokens += [(name, style(name, fg=state_colour(o.state)))
+               for name, o in ((occupant_label(o, users), o) for o in cells.occupants)]
+    return head + _fit_tokens(tokens, width - len(head) - 2, prefix="  ", named=len(cells.marks))
 
 
-def _label(o: Occupant, users: bool) -> str:
+def mark_colour(mark: str) -> str:
+    """Yellow for what only limits the GPU (`DRAINED`, `2 FOREIGN` in an island), red for what is wrong with it."""
+    return "yellow" if mark.split()[-1] in ("DRAINED", "FOREIGN", "OVER-SHARE", "HELD") else "red"
+
+
+def occupant_label(o: Occupant, users: bool) -> str:
     who = f"{o.user}/{o.name}" if users and o.user else o.name
     return f"{who}:{_word(o.state)}"
 
 
-def _colour(state: str) -> str | None:
+def state_colour(state: str) -> str | None:
     if state in ("failed", "lost", "timeout"):
         return "red"
     if state in ("restarting", "degraded", "starting"):
@@ -267,8 +271,10 @@ def _colour(state: str) -> str | None:
     return "green" if state == "running" else None
 
 
-def _fit_tokens(tokens: Sequence[tuple[str, str]], room: int, prefix: str) -> str:
-    """As many tokens as fit in `room` columns, then `+N` for the rest; a first token too long is cut."""
+def _fit_tokens(tokens: Sequence[tuple[str, str]], room: int, prefix: str, named: int = 0) -> str:
+    """As many tokens as fit in `room` columns, then `+N` for the rest; a first token too long, or
+    the token at `named` (the first occupant after the marks, so that a drained GPU still says
+    who is on it), is cut."""
     if not tokens or room <= 0:
         return ""
     shown: list[str] = []
@@ -282,11 +288,13 @@ def _fit_tokens(tokens: Sequence[tuple[str, str]], room: int, prefix: str) -> st
             used = need
             continue
         left = len(tokens) - i
-        if not shown:
-            cut = room - len(f" +{rest}") if rest else room
+        if not shown or i == named:
+            before = used + 1 if shown else 0
+            cut = room - before - len(more)
             if cut >= 4:  # a name keeps its start and its end (and so its state), as `cgctl list`'s do
-                return prefix + shorten(plain, cut, middle=True) + (f" +{rest}" if rest else "")
-            return prefix + f"+{left}"[:room]
+                return prefix + " ".join([*shown, shorten(plain, cut, middle=True)]) + more
+            if not shown:
+                return prefix + f"+{left}"[:room]
         return prefix + " ".join(shown) + f" +{left}"
     return prefix + " ".join(shown)
 
@@ -403,7 +411,7 @@ def alerts(board: Board) -> list[str]:
     if old := [g for g in board.gpus if board.stale(g)]:
         found.append(f"stale: GPU {_span([g['index'] for g in old])} last measured "
                      f"{max(board.age(g) or 0 for g in old):.0f}s ago")
-    found += [f"GPU {g['index']} {' '.join(marks(g))}" + (f": {'; '.join(why)}" if (why := _why(g)) else "")
+    found += [f"GPU {g['index']} {' '.join(marks(g))}" + (f": {'; '.join(why)}" if (why := reasons(g)) else "")
              for g in board.gpus if set(marks(g)) - {"DRAINED"}]
     found += [f"{c['name']} {c['state']}" for c in (board.status.get("components") or [])
               if c.get("state") in ALERT_STATES]
@@ -412,7 +420,8 @@ def alerts(board: Board) -> list[str]:
     return found
 
 
-def _why(gpu: Doc) -> list[str]:
+def reasons(gpu: Doc) -> list[str]:
+    """Why the GPU is marked, in words: cgd's reasons, the foreign pids, the workers of a lost generation."""
     foreign = [f"pid {p.get('pid')} ({size(p.get('used_memory_mib'))})" for p in gpu.get("foreign_processes") or []]
     held = [f"held by {h.get('replica')} of {h.get('user')} (lost state generation)"
             for h in gpu.get("held_by_lost") or []]
@@ -496,5 +505,6 @@ def status_json(board: Board) -> dict[str, Json]:
             "occupants": [o._asdict() for o in board.on(g)],
         })
     return {"generation": status.get("generation"), "gpus": gpus, "lost_groups": status.get("lost_groups") or [],
+            "own_groups": list(board.own_groups.values()),
             "state_loss": status.get("state_loss") or [], "components": status.get("components") or [],
             "summary": summary(board)}

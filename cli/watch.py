@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from computegroups.cli.render import colour_enabled, state_loss_lines, styler
+from computegroups.cli.status_long import long_lines
 from computegroups.cli.status_view import Board, clip, island_lines, status_lines, summary_lines, tail_lines
 from computegroups.daemon.client.errors import ClientError
 
@@ -35,7 +36,7 @@ STATE_KINDS = {"failed": 1, "lost": 1, "timeout": 1, "restarting": 2, "start": 2
                "shadow": 3, "reserved": 3, "run": 4}
 MARK_KINDS = {"FAILED": 1, "LOST": 1, "DEGRADED": 1, "DRAINED": 2, "FOREIGN": 2, "OVER-SHARE": 2}
 """Colour pairs: 1 red (broken), 2 yellow (look soon), 3 cyan (standing by), 4 green (working)."""
-TOKEN = re.compile(r"(?<=\s)\S+:([a-z]+)(?=\s|$)|(?<=\s)([A-Z][A-Z-]{3,})(?=\s|:|$)")
+TOKEN = re.compile(r"(?<=\s)[^\s,]+:([a-z]+)(?=[\s,]|$)|(?<=\s)([A-Z][A-Z-]{3,})(?=\s|:|$)")
 
 
 def highlights(text: str) -> list[tuple[int, int, int]]:
@@ -68,24 +69,30 @@ class Frame:
 
 
 def frame(board: Board, islands: Sequence[Sequence[int]], view: View, width: int, height: int,
-          title: str) -> Frame:
+          title: str, long: bool = False) -> Frame:
     """The screen for `board` at `width` x `height`: a title line, the column heads, then as much
-    of the rest as fits from `view.offset` on (moved so that the cursor stays in sight)."""
-    loss = state_loss_lines(board.status.get("state_loss") or [], plain)
-    flat = status_lines(board, plain, width)
-    folded = len(flat) > height - 1 and len(islands) > 1
+    of the rest as fits from `view.offset` on (moved so that the cursor stays in sight). `long`:
+    the blocks of `cgctl status --long`, which have no column heads and only scroll."""
+    folded = False
     cursor_row = None
-    if folded:
-        view.cursor = max(0, min(view.cursor, len(islands) - 1))
-        tagged = island_lines(board, islands, view.expanded, width, plain)
-        heads = tagged[0][1]
-        cursor_row = len(loss) + next(i for i, (n, _) in enumerate(tagged[1:]) if n == view.cursor)
-        body = [*loss, *(text for _, text in tagged[1:]), "", *summary_lines(board, width),
-                *tail_lines(board, width, plain)]
+    if long:
+        heads: list[str] = []
+        body = long_lines(board, plain, width)
     else:
-        heads = flat[len(loss)]
-        body = [*flat[:len(loss)], *flat[len(loss) + 1:]]
-    rows = max(0, height - 2)
+        loss = state_loss_lines(board.status.get("state_loss") or [], plain)
+        flat = status_lines(board, plain, width)
+        folded = len(flat) > height - 1 and len(islands) > 1
+        if folded:
+            view.cursor = max(0, min(view.cursor, len(islands) - 1))
+            tagged = island_lines(board, islands, view.expanded, width, plain)
+            heads = [tagged[0][1]]
+            cursor_row = len(loss) + next(i for i, (n, _) in enumerate(tagged[1:]) if n == view.cursor)
+            body = [*loss, *(text for _, text in tagged[1:]), "", *summary_lines(board, width),
+                    *tail_lines(board, width, plain)]
+        else:
+            heads = [flat[len(loss)]]
+            body = [*flat[:len(loss)], *flat[len(loss) + 1:]]
+    rows = max(0, height - 1 - len(heads))
     if cursor_row is not None:
         if view.cursor < len(islands) - 1:  # on the last island the rest may scroll its line out of sight
             view.offset = min(view.offset, cursor_row)
@@ -98,8 +105,9 @@ def frame(board: Board, islands: Sequence[Sequence[int]], view: View, width: int
     keys = KEYS_ISLANDS if folded else KEYS_FLAT if scrolls else "q: quit"
     top = f"{title}  {view.offset + 1}-{view.offset + len(shown)}/{len(body)}" if scrolls else title
     top = f"{top}  {keys}" if len(top) + 2 + len(keys) <= width else top
-    lines = [clip(top, width), *([heads] if height > 1 else []), *shown][:height]
-    return Frame(lines, None if cursor_row is None or rows == 0 else cursor_row - view.offset + 2, folded)
+    lines = [clip(top, width), *(heads if height > 1 else []), *shown][:height]
+    return Frame(lines, None if cursor_row is None or rows == 0 else cursor_row - view.offset + 1 + len(heads),
+                 folded)
 
 
 def press(key: int, view: View, islands: Sequence[Sequence[int]], folded: bool, page: int) -> bool:
@@ -129,13 +137,13 @@ def press(key: int, view: View, islands: Sequence[Sequence[int]], folded: bool, 
 
 
 def watch(look: Callable[[], Board], first: Board, islands: Sequence[Sequence[int]], interval: float,
-          host: str) -> None:
-    """Redraw until q, Ctrl-C, SIGTERM or SIGHUP; a cgd that stops answering is said on the title
-    line, the last look kept."""
+          host: str, long: bool = False) -> None:
+    """Redraw until q, Ctrl-C, SIGTERM or SIGHUP (the blocks of `--long` with `long`); a cgd that
+    stops answering is said on the title line, the last look kept."""
     asked = Stop()
     before = {signum: signal.signal(signum, asked.set) for signum in STOP_SIGNALS}
     try:
-        curses.wrapper(_loop, look, first, islands, interval, host, asked)
+        curses.wrapper(_loop, look, first, islands, interval, host, asked, long)
     except KeyboardInterrupt:
         pass
     except curses.error:
@@ -175,7 +183,7 @@ class Stop:
 
 
 def _loop(screen: curses.window, look: Callable[[], Board], board: Board, islands: Sequence[Sequence[int]],
-          interval: float, host: str, stop: Stop) -> None:
+          interval: float, host: str, stop: Stop, long: bool) -> None:
     try:
         curses.curs_set(0)
     except curses.error:
@@ -193,7 +201,7 @@ def _loop(screen: curses.window, look: Callable[[], Board], board: Board, island
     while not stop.is_set():
         height, width = screen.getmaxyx()
         title = f"{host}  every {interval:g}s  {time.strftime('%H:%M:%S')}{trouble}"
-        shown = frame(board, islands, view, width, height, title)
+        shown = frame(board, islands, view, width, height, title, long)
         _draw(screen, shown, width, colour)
         screen.timeout(max(0, int((looked + interval - time.monotonic()) * 1000)))
         key = screen.getch()

@@ -15,10 +15,9 @@ from computegroups.cli.render import (
     devices_label,
     list_text,
     size,
-    status_text,
     styler,
 )
-from tests.cli.samples import IN_THE_WAY, LONG_NAME, component, crowded_list, device, gpu, status
+from tests.cli.samples import IN_THE_WAY, LONG_NAME, component, crowded_list, device
 
 plain = styler(False)
 
@@ -130,52 +129,6 @@ def test_bar_fills_in_proportion_and_never_overflows() -> None:
     assert bar([(0, "#")], 0, plain, "green") == "[" + "-" * 24 + "]"
 
 
-def test_status_shows_each_gpu_with_bars_marks_and_occupants() -> None:
-    text = "\n".join(status_text(status(), plain))
-    assert text.splitlines()[0] == "4 GPUs: 2 in use, 1 drained, 1 unhealthy"
-    blocks = text.split("\n\n")[1:]
-    assert "GPU 0" in blocks[0] and "ok" in blocks[0]
-    assert "mem [" + "#" * 24 + "] 80.0/80.0 GiB" in blocks[0]
-    assert "sm  [" + "#" * 24 + "] 100%" in blocks[0] and "on it: web (exclusive)" in blocks[0]
-    assert "FOREIGN" in blocks[1] and "(20.0 GiB foreign)" in blocks[1] and "foreign pid 777" in blocks[1]
-    assert "#" * 6 + "+" * 6 + "-" * 12 in blocks[1]
-    assert "DRAINED" in blocks[2]
-    assert "FAILED" in blocks[3] and "DEGRADED" in blocks[3] and "Xid 79" in blocks[3]
-
-
-def test_status_of_mig_gpu_and_lost_groups() -> None:
-    doc = {"gpus": [gpu(0, compute_allocated_pct=None,
-                        mig_devices=[{"uuid": "MIG-a", "profile": "1g.10gb", "memory_mib": 9856, "group": "w-0"}])],
-           "lost_groups": [{"id": "old-0", "owner": "old", "devices": [device(7)]}]}
-    text = "\n".join(status_text(doc, plain))
-    assert "sm  (MIG: shared by instance)" in text and "mig 1g.10gb  MIG-a  w-0" in text
-    assert "LOST groups" in text and "old-0 (old): 7" in text
-
-
-def test_status_lists_the_queue_what_restarts_and_what_ended_within_80_columns() -> None:
-    long_reason = ("needs 8 whole GPUs; 1 free: GPU 7 (not free: in use by alice (component train): GPUs 0-5; "
-                   "in use by bob (reservation later): GPU 6)")
-    ended = [{"name": f"job-{i}", "state": "completed", "user": "alice", "exit_code": 0, "duration_s": 2.0 + i,
-              "restarts": 0, "queue": None} for i in range(7)]
-    doc = {**status(), "components": [
-        {"name": "big", "state": "pending", "user": "carol", "queue": {"position": 1, "reason": long_reason},
-         "restarts": 0},
-        {"name": "web", "state": "restarting", "user": "bob", "queue": None, "restarts": 3},
-        {"name": "crash", "state": "failed", "user": "alice", "exit_code": 3, "duration_s": 0.4, "restarts": 5,
-         "queue": None},
-        *ended,
-    ]}
-    lines = status_text(doc, plain)
-    at = lines.index("components:")
-    listed = lines[at + 1:]
-    assert listed[0].startswith("  pending #1  big    carol  needs 8 whole GPUs; 1 free: GPU 7 (not free: in")
-    assert listed[0].endswith("...") and listed[1].split() == ["restarting", "web", "bob", "3", "restarts"]
-    assert listed[2].split() == ["failed", "crash", "alice", "exit", "3", "after", "0.4s,", "5", "restarts"]
-    assert len(listed) == 3 + 4 + 1 and "and 3 more that ended" in listed[-1]  # five ended at most
-    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
-    assert status_text(status(), plain)[-1] != "components:"  # nothing to list: no section
-
-
 def test_colour_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
     class Tty:
         def isatty(self) -> bool:
@@ -191,13 +144,3 @@ def test_colour_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPa
     assert not colour_enabled(Tty())
     assert not colour_enabled(object())
     assert "\x1b[" in styler(True)("x", fg="red") and styler(False)("x", fg="red") == "x"
-
-
-def test_long_status_names_who_is_on_a_gpu_whether_cgd_lists_names_or_entries() -> None:
-    entries = [{"name": "web", "user": "ada", "state": "running", "reservation": False, "shadow_of": None,
-                "memory_used_mib": 4096},
-               {"name": "web-sb", "user": "ada", "state": "running", "reservation": False, "shadow_of": "web",
-                "memory_used_mib": None}]
-    for listed in (["web", "web-sb"], entries):
-        doc = {"gpus": [gpu(0, components=listed, exclusive_owner="web", groups=["web-0"])]}
-        assert "  on it: web (exclusive), web-sb" in status_text(doc, plain)

@@ -329,3 +329,61 @@ def test_events_and_list_take_the_terminals_width(cgd: Cgd, pane: Callable[..., 
     screen = narrow.until(ended, "cgctl list ended")
     assert "EXIT=0" in screen and screen[0].split()[0] == "NAME" and all(len(line) <= 60 for line in screen)
     assert screen[1].startswith(name[:4]) and "..." in screen[1]
+
+
+def test_long_status_shows_groups_made_on_their_own_within_the_terminal(
+        start_cgd: Callable[..., Cgd], pane: Callable[..., Pane]) -> None:
+    """`cgctl status --long` on a MIG box: a group no component uses yet, one shared by two, a MIG
+    instance and a long-named component, at 80 columns (a pipe, a terminal) and at 60."""
+    cgd = start_cgd("dgx-a100-mig")
+    long_name = "trainer-with-a-rather-long-name-of-40-ch"
+    ok(cgd, "allocate", long_name, "--gpus", "2", "--gpu-ids", "0,1", "--", *SLEEPER)
+    unused = json.loads(ok(cgd, "--json", "group", "create", "--gpus", "1", "--gpu-ids", "2"))["id"]
+    shared = json.loads(ok(cgd, "--json", "group", "create", "--gpus", "1", "--gpu-ids", "3"))["id"]
+    mig = json.loads(ok(cgd, "--json", "group", "create", "--mig", "1g.5gb"))
+    for name in ("a1", "a2"):
+        ok(cgd, "allocate", name, "--group", shared, "--", *SLEEPER)
+    mig_gpu, mig_uuid = mig["devices"][0]["index"], mig["devices"][0]["mig_uuid"]
+
+    def shown(lines: list[str], width: int) -> None:
+        assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+        text = "\n".join(lines)
+        blocks = {int(b.split()[1]): b for b in text.split("\n\n") if b.startswith("GPU ")}
+        assert f"  on it: {unused}:group" in blocks[2] and "  on it: a1:run, a2:run" in blocks[3]
+        assert any(line.startswith(f"  mig 1g.5gb  {mig_uuid[:16]}") and line.endswith(f"  {mig['id']}")
+                   for line in blocks[mig_gpu].splitlines())
+        table = lines[lines.index("  GROUP    STATE      DEVICES         USED BY"):]
+        assert table[1:4] == [f"  {unused}  allocated  2               -",
+                              f"  {shared}  allocated  3               a1/0, a2/0",
+                              f"  {mig['id']}  allocated  {mig_gpu}:{mig_uuid[:12]}  -"]
+
+    piped = ok(cgd, "status", "--long").splitlines()
+    shown(piped, 80)
+    assert f"  on it: {long_name}:run (exclusive)" in piped  # in full: it fits
+    for width in (80, 60):
+        p = pane(width, 30)
+        p.run(cgd, "status", "--long")
+        p.until(ended, f"cgctl status --long ended at {width} columns")
+        screen = p.tmux("capture-pane", "-p", "-t", "main", "-S", "-", "-E", "-").rstrip("\n").split("\n")
+        assert "EXIT=0" in screen
+        lines = screen[:screen.index("EXIT=0")]
+        shown(lines, width)
+        at = lines.index(f"  on it: {long_name}:run" + (" (exclusive)" if width == 80 else ""))
+        assert width == 80 or lines[at + 1] == "         (exclusive)"  # wrapped under the list, not cut
+
+    # --watch --long: the blocks redrawn, scrolled to the end, where a new group shows
+    p = pane(80, 30)
+    p.run(cgd, "status", "--watch", "--long", "--interval", "0.2")
+    p.until(lambda s: "every 0.2s" in s[0] and s[1].startswith("8 GPUs: ") and s[3].startswith("GPU 0  NVIDIA"),
+            "the watch draws the blocks")
+    p.keys("End")
+    screen = p.until(lambda s: s[-1] == f"  {mig['id']}  allocated  {mig_gpu}:{mig_uuid[:12]}  -",
+                     "scrolled to the groups")
+    total = int(re.findall(r" \d+-\d+/(\d+) ", screen[0])[0])
+    cpus = json.loads(ok(cgd, "--json", "group", "create", "--cpus", "1"))["id"]
+    p.until(lambda s: f"/{total + 1} " in s[0], "a line more to scroll to")
+    p.keys("End")
+    screen = p.until(lambda s: s[-1] == f"  {cpus}  allocated  1 CPU           -", "the new group shows")
+    assert all(len(line) <= 80 for line in screen) and len(screen) <= 30
+    p.keys("q")
+    assert p.until(ended, "ended on q")[:2] == ["EXIT=0", "icanon"]

@@ -250,7 +250,7 @@ def test_islands_fold_into_one_line_each() -> None:
 
 def test_json_is_a_stable_projection() -> None:
     doc = status_json(board())
-    assert set(doc) == {"generation", "gpus", "lost_groups", "state_loss", "components", "summary"}
+    assert set(doc) == {"generation", "gpus", "lost_groups", "own_groups", "state_loss", "components", "summary"}
     g0 = doc["gpus"][0]
     assert set(g0) == {"index", "uuid", "name", "memory_mib", "memory_allocated_mib", "memory_foreign_mib",
                        "compute_allocated_pct", "exclusive_owner", "components", "groups", "health", "reasons",
@@ -299,6 +299,7 @@ def test_a_group_of_its_own_that_no_component_uses_is_named_on_its_gpu() -> None
     shown = Board.of(status, [owned("web", "running", [replica(0, 0)])], [], groups=groups)
     assert rows(gpu_lines(shown, 80, plain))["0"].endswith("  web:run group.5:group")
     assert [o["name"] for o in status_json(shown)["gpus"][0]["occupants"]] == ["web", "group.5"]
+    assert status_json(shown)["own_groups"] == groups[:2]  # every group made on its own, used or not
 
 
 def test_names_in_the_status_keep_their_start_and_end() -> None:
@@ -310,3 +311,11 @@ def test_names_in_the_status_keep_their_start_and_end() -> None:
                "queue": {"position": 1, "reason": "needs 8 whole GPUs"}}
     glance = status_lines(Board.of({"gpus": [gpu(0)], "components": [pending]}, [], []), plain)
     assert any("pending #1  abcdefghij-...efghij-end" in text for text in glance), glance
+
+
+def test_a_marked_gpu_still_names_who_is_on_it_shortened() -> None:
+    long = "trainer-with-a-rather-long-name"
+    status = {"gpus": [gpu(0, drained=True, components=[long, "zz"]), gpu(1, drained=True, components=[long])]}
+    found = rows(gpu_lines(Board.of(status, [], []), 80, plain))
+    assert found["0"].endswith("  DRAINED trainer-wi...ng-name:- +1") and len(found["0"]) == 80  # was `DRAINED +2`
+    assert found["1"].endswith("  DRAINED trainer-wit...long-name:-") and len(found["1"]) == 80

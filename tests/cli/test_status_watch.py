@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from computegroups.cli.render import styler
+from computegroups.cli.status_long import long_lines
 from computegroups.cli.status_view import Board, island_lines
 from computegroups.cli.watch import View, frame, highlights, press
 from tests.cli.samples import busy_machine, wide_machine
@@ -81,12 +82,26 @@ def test_one_island_taller_than_the_screen_scrolls() -> None:
     assert last.lines[1].startswith("GPU MODEL")  # the column heads stay
 
 
+def test_the_long_blocks_scroll_under_the_title_alone() -> None:
+    board = Board.of(*busy_machine())
+    view = View()
+    shown = frame(board, [list(range(8))], view, 60, 20, "t", long=True)
+    whole = long_lines(board, plain, 60)
+    assert not shown.islands and shown.selected is None
+    assert shown.lines == [f"t  1-19/{len(whole)}  arrows: scroll  q: quit", *whole[:19]]
+    press(curses.KEY_END, view, [list(range(8))], False, 19)
+    assert frame(board, [list(range(8))], view, 60, 20, "t", long=True).lines[1:] == whole[-19:]
+    assert highlights("  on it: ada/web:run (exclusive), ada/web-sb:shadow") == [(9, 11, 4), (34, 17, 3)]
+    assert highlights("  on it: bob/crash:restarting, x:run") == [(9, 20, 2), (31, 5, 4)]
+
+
 @given(st.integers(min_value=1, max_value=130), st.integers(min_value=2, max_value=80),
-       st.sets(st.integers(min_value=0, max_value=8)), st.integers(min_value=-3, max_value=12))
-def test_a_frame_never_outgrows_the_screen(width: int, height: int, expanded: set[int], cursor: int) -> None:
+       st.sets(st.integers(min_value=0, max_value=8)), st.integers(min_value=-3, max_value=12), st.booleans())
+def test_a_frame_never_outgrows_the_screen(width: int, height: int, expanded: set[int], cursor: int,
+                                           long: bool) -> None:
     board, islands = wide()
     view = View(expanded=expanded, cursor=cursor)
-    shown = frame(board, islands, view, width, height, "cgctl top  every 1s  12:00:00")
+    shown = frame(board, islands, view, width, height, "cgctl top  every 1s  12:00:00", long)
     assert len(shown.lines) <= height and all(len(line) <= width for line in shown.lines)
     assert shown.selected is None or 0 < shown.selected < len(shown.lines)
 
