@@ -71,4 +71,5 @@ def reasons_text(reasons: Mapping[int, str]) -> str:
 
 
 def mib(value: int) -> str:
-    return f"{value} MiB"
+    """Whole GiB as a claim is usually written (`--memory 20GiB`); anything else exactly, in MiB."""
+    return f"{value // 1024} GiB" if value and value % 1024 == 0 else f"{value} MiB"
