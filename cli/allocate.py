@@ -95,7 +95,10 @@ def reserve(name: str, ttl: float, **opts: Any) -> None:
     groups = reservation.get("groups") or []
     devices = devices_label(d for g in groups for d in g.get("devices") or [])
     until = time.strftime("%H:%M:%S", time.localtime(reservation["expires_at"]))
+    width = columns()
     emit_lines([
-        f"reserved {name}: {len(groups)} group{'s' if len(groups) != 1 else ''} on GPU {devices} until {until}",
-        f"take it with `cgctl allocate {name} -- CMD`; free it with `cgctl release {name}`",
+        *wrap(f"reserved {name}: {len(groups)} group{'s' if len(groups) != 1 else ''} on GPU {devices} "
+              f"until {until}", width),
+        *wrap(f"take it:  cgctl allocate {name} -- CMD", width),
+        *wrap(f"free it:  cgctl release {name}", width),
     ])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from computegroups.cli.connect import client, emit_json, emit_lines, json_wanted, talking
+from computegroups.cli.render import wrap
+from computegroups.cli.terminal import columns
 
 
 @click.command()
@@ -22,4 +24,4 @@ def drain(gpu: int, undrain: bool) -> None:
         emit_lines([f"GPU {gpu} undrained: new work may land on it"])
     else:
         still = f"; still on it: {', '.join(groups)} (release or move them)" if groups else "; nothing runs on it"
-        emit_lines([f"GPU {gpu} drained: nothing new lands on it{still}"])
+        emit_lines(wrap(f"GPU {gpu} drained: nothing new lands on it{still}", columns()))

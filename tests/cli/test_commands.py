@@ -239,6 +239,18 @@ def test_reserve(cgd: FakeCgd) -> None:
     assert cgd.sent() == [("POST", "/v1/reservations",
                            {"name": "train", "claim": {"gpus": 1}, "replicas": 1, "ttl_s": 3600.0})]
     assert result.stdout.startswith("reserved train: 1 group on GPU 4 until ")
+    assert result.stdout.splitlines()[1:] == ["take it:  cgctl allocate train -- CMD", "free it:  cgctl release train"]
+
+
+def test_reserve_and_drain_fit_80_columns_with_long_names(cgd: FakeCgd) -> None:
+    name = "a-rather-long-reservation-name-for-the-team"
+    cgd.on("POST", "/v1/reservations", {"name": name, "owner": {"uid": 0}, "expires_at": 2e9, "priority": 0,
+                                        "groups": [{"id": f"{name}-0", "devices": [{"index": 1, "whole": True}]}]})
+    cgd.on("POST", "/v1/gpus/1/drain", {"gpu": 1, "drained": True, "groups": [f"{name}-0", f"{name}-1"]})
+    for args in (("reserve", name, "--gpus", "1"), ("drain", "1")):
+        lines = cgctl(*args).stdout.splitlines()
+        assert len(lines) > 1 and max(len(line) for line in lines) <= 80, lines
+    assert f"{name}-1 (release or move them)" in " ".join(lines)
 
 
 def test_logs_once_and_followed_until_released(cgd: FakeCgd, monkeypatch: pytest.MonkeyPatch) -> None:
