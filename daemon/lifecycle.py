@@ -290,6 +290,7 @@ class Daemon:
             except MpsError as exc:
                 raise StartupError(str(exc)) from None
         manager = Manager(keeper, self.supervisor, worker_paths)
+        keeper.on_unwritable = self._tell_unwritable
         await self.supervisor.start()
         self.manager = manager
         report = await recover(manager)
@@ -313,6 +314,11 @@ class Daemon:
         )
         sdnotify.notify("READY=1")
         sdnotify.notify(f"STATUS=serving {len(machine.gpus)} GPUs on {opts.socket}")
+
+    @staticmethod
+    def _tell_unwritable(why: str) -> None:
+        """systemd's status line says what every refused request says (see StateKeeper.on_unwritable)."""
+        sdnotify.notify(f"STATUS=state not writable, every change refused until cgd restarts: {why}")
 
     async def _watchdog(self) -> None:
         """Ping systemd's watchdog twice per interval (every 10 s outside systemd, where it is a no-op)."""

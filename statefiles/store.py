@@ -217,6 +217,11 @@ class StateStore:
         )
         raise StateError(self._poisoned) from failed
 
+    @property
+    def refusal(self) -> str | None:
+        """Why the store refuses every change (an fsync failed: see `_poison`); None while it takes them."""
+        return self._poisoned
+
     def _check_usable(self) -> None:
         if self._poisoned is not None:
             raise StateError(self._poisoned)
