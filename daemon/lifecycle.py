@@ -43,6 +43,7 @@ from computegroups.daemon.core.recovery import recover, shutdown
 from computegroups.daemon.core.workers import INSTANCE_VAR, WorkerPaths, watcher_key
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.model.errors import ManagerError
 from computegroups.daemon.model.refs import ReplicaRef
 from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir, own_dir
 from computegroups.daemon.supervision import cgroups
@@ -293,7 +294,10 @@ class Daemon:
         keeper.on_unwritable = self._tell_unwritable
         await self.supervisor.start()
         self.manager = manager
-        report = await recover(manager)
+        try:
+            report = await recover(manager)
+        except (StateError, ManagerError) as exc:  # the state's disk failed: the workers are kept (see above)
+            raise StartupError(f"cannot take over the previous run's workers: {exc}") from None
         await self.supervisor.end_unowned(
             keep={watcher_key(*ReplicaRef.parse(lost["replica"])) for lost in manager.state_loss})
         self.health = HealthMonitor(manager, Telemetry(self.gateway), opts.config.health)

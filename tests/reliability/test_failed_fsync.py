@@ -86,7 +86,7 @@ def test_after_a_failed_fsync_health_says_the_state_is_not_writable_and_every_ch
     assert [e["type"] for e in seen] == ["state_unwritable"], "the refused change's event is never sent"
     assert seen[0]["reason"] == why and seen[0]["dropped"] == 1
 
-    (gate.folder / "fail").unlink()  # the disk works again: cgd still refuses, it cannot know what it holds
+    gate.heal()  # the disk works again: cgd still refuses, it cannot know what it holds
     status, again = cgd.request("POST", "/v1/components", {"name": "c", "claim": {"gpus": 1}})
     assert (status, again["error"]["message"]) == (503, why)
     status, health = cgd.request("GET", "/v1/health")
