@@ -36,9 +36,9 @@ class FsyncGate:
     def release(self) -> None:
         (self.folder / "hold").unlink(missing_ok=True)
 
-    def fail(self, after: int = 0) -> None:
-        """From now on an fsync of the journal fails with EIO, once `after` more have passed."""
-        (self.folder / "fail").write_text(str(after))
+    def fail(self) -> None:
+        """From now on an fsync of the journal fails with EIO."""
+        (self.folder / "fail").touch()
 
     def heal(self) -> None:
         """The fsyncs of the journal work again."""

@@ -3,8 +3,7 @@
 It wraps `os.fsync` for the state journal alone, steered by files in the
 folder `CG_TEST_FSYNC_GATE` names: while `hold` exists an fsync of the
 journal waits (and says so in `held`); while `fail` exists it fails with
-EIO, as a disk that lost the pages would, after letting as many pass as
-the number `fail` holds (none when it is empty). Each fsync that returned is a
+EIO, as a disk that lost the pages would. Each fsync that returned is a
 line in `synced`. Nothing else changes; without the variable nothing is
 wrapped.
 """
@@ -35,13 +34,8 @@ def _install(gate: str) -> None:
             with open(os.path.join(gate, "held"), "w"):
                 pass
             time.sleep(0.01)
-        if os.path.exists(fail := os.path.join(gate, "fail")):
-            with open(fail) as counted:
-                passes = int(counted.read().strip() or 0)
-            if passes <= 0:
-                raise OSError(errno.EIO, os.strerror(errno.EIO), "state.journal")
-            with open(fail, "w") as counted:
-                counted.write(str(passes - 1))
+        if os.path.exists(os.path.join(gate, "fail")):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), "state.journal")
         real(fd)
         with open(os.path.join(gate, "synced"), "a") as log:
             log.write("synced\n")
