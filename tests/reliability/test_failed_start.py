@@ -16,10 +16,9 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.daemon_fixture import Cgd, wait_for
+from tests.daemon_fixture import Cgd, ended, wait_for
 from tests.fsync_gate import FsyncGate
 
 pytestmark = pytest.mark.slow
@@ -32,13 +31,6 @@ def pids_of(cgd: Cgd, name: str) -> list[int]:
                     f"{name} runs")
 
 
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_a_start_that_fails_after_the_supervisor_runs_keeps_the_workers_for_the_next_cgd(
         start_cgd: Callable[..., Cgd], tmp_path: Path) -> None:
     gate = FsyncGate(tmp_path / "gate")
@@ -49,7 +41,7 @@ def test_a_start_that_fails_after_the_supervisor_runs_keeps_the_workers_for_the_
     before = cgd.state()
     cgd.kill9()
     os.kill(b, signal.SIGKILL)  # died while no cgd ran: the next good start runs it again
-    wait_for(lambda: not running(b), "b ended")
+    wait_for(lambda: ended(b), "b ended")
 
     gate.fail()
     with pytest.raises(RuntimeError, match="cgd exited with 3"):
@@ -57,7 +49,7 @@ def test_a_start_that_fails_after_the_supervisor_runs_keeps_the_workers_for_the_
     errors = [line for line in cgd.log().splitlines() if line.startswith("cgd: error:")]
     assert len(errors) == 1 and "cannot take over the previous run's workers" in errors[0], cgd.log()
     assert "Input/output error" in errors[0] and "Traceback" not in cgd.log()
-    assert running(a), "the failed start kept a running"
+    assert not ended(a), "the failed start kept a running"
     assert not cgd.socket.exists(), "nothing is left listening"
 
     gate.heal()
