@@ -43,6 +43,7 @@ from computegroups.daemon.core.recovery import recover, shutdown
 from computegroups.daemon.core.workers import INSTANCE_VAR, WorkerPaths, watcher_key
 from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
+from computegroups.daemon.model.errors import ManagerError
 from computegroups.daemon.model.refs import ReplicaRef
 from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir, own_dir
 from computegroups.daemon.supervision import cgroups
@@ -290,9 +291,13 @@ class Daemon:
             except MpsError as exc:
                 raise StartupError(str(exc)) from None
         manager = Manager(keeper, self.supervisor, worker_paths)
+        keeper.on_unwritable = self._tell_unwritable
         await self.supervisor.start()
         self.manager = manager
-        report = await recover(manager)
+        try:
+            report = await recover(manager)
+        except (StateError, ManagerError) as exc:  # the state's disk failed: the workers are kept (see above)
+            raise StartupError(f"cannot take over the previous run's workers: {exc}") from None
         await self.supervisor.end_unowned(
             keep={watcher_key(*ReplicaRef.parse(lost["replica"])) for lost in manager.state_loss})
         self.health = HealthMonitor(manager, Telemetry(self.gateway), opts.config.health)
@@ -313,6 +318,11 @@ class Daemon:
         )
         sdnotify.notify("READY=1")
         sdnotify.notify(f"STATUS=serving {len(machine.gpus)} GPUs on {opts.socket}")
+
+    @staticmethod
+    def _tell_unwritable(why: str) -> None:
+        """systemd's status line says what every refused request says (see StateKeeper.on_unwritable)."""
+        sdnotify.notify(f"STATUS=state not writable, every change refused until cgd restarts: {why}")
 
     async def _watchdog(self) -> None:
         """Ping systemd's watchdog twice per interval (every 10 s outside systemd, where it is a no-op)."""

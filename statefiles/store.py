@@ -217,6 +217,11 @@ class StateStore:
         )
         raise StateError(self._poisoned) from failed
 
+    @property
+    def refusal(self) -> str | None:
+        """Why the store refuses every change (an fsync failed: see `_poison`); None while it takes them."""
+        return self._poisoned
+
     def _check_usable(self) -> None:
         if self._poisoned is not None:
             raise StateError(self._poisoned)
@@ -307,7 +312,11 @@ class StateStore:
             if self.directory.exists():
                 _fsync_directory(self.directory)
         except OSError as failed:
-            raise StateError(f"cannot make the state in {self.directory} durable: {failed.strerror}") from None
+            # As any failed fsync: what the disk holds is not known, and `durable_generation` stays
+            # below the document's, which no later `sync()` could raise (it has nothing of its own to fsync).
+            read, self._current, self._stamp = self._current, None, None
+            generation = read.generation if read is not None else "unknown"
+            self._poison(failed, f"the state read from it (generation {generation}) may not be all on disk")
         assert self._current is not None
         self._written_generation = self.durable_generation = self._current.generation
         self._stamp = self._disk_stamp()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+import psutil
 
 from computegroups.statefiles import StateStore
 
@@ -39,6 +40,15 @@ def wait_for(check: Callable[[], T], what: str, timeout: float = 10.0, interval:
             raise AssertionError(f"not within {timeout} s: {what}")
         time.sleep(interval)
     return value
+
+
+def ended(pid: int) -> bool:
+    """Whether `pid` has exited: gone, or a zombie not reaped yet. One look: with two (`pid_exists`,
+    then `status()`), a reaping in between raises NoSuchProcess, as it did under load in CI."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):

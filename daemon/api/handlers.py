@@ -23,7 +23,7 @@ from computegroups.daemon.api.body import MAX_BODY, MAX_DEPTH, PayloadTooLarge, 
 from computegroups.daemon.api.listener import peer_credentials
 from computegroups.daemon.core.manager import Caller
 from computegroups.daemon.model.decoding import ModelError, decode_json
-from computegroups.daemon.model.errors import BadRequest, ManagerError, Unavailable
+from computegroups.daemon.model.errors import BadRequest, ManagerError, StateUnwritable, Unavailable
 from computegroups.daemon.model.requests import (
     ComponentRequest,
     GroupRequest,
@@ -111,8 +111,9 @@ class ApiHandler(tornado.web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.write(json.dumps({"error": {"code": exc.code, "message": str(exc)}}) + "\n")
 
-    async def run(self, action: Callable[[], Any], status: int = 200) -> None:
-        """Do `action` and answer, once what it changed is durable (a failed request may have changed some)."""
+    async def run(self, action: Callable[[], Any], status: int = 200, *, durable: bool = True) -> None:
+        """Do `action` and answer, once what it changed is durable (a failed request may have changed some);
+        `durable=False` only for an answer that changes nothing and must come when nothing can be durable."""
         if self._finished:
             return
         try:
@@ -121,7 +122,8 @@ class ApiHandler(tornado.web.RequestHandler):
                 if hasattr(result, "__await__"):
                     result = await result
             finally:
-                await self.app.manager.keeper.durable()
+                if durable:
+                    await self.app.manager.keeper.durable()
         except ModelError as exc:
             self._error(BadRequest(str(exc)))
             self.finish()
@@ -214,6 +216,12 @@ class StatusHandler(ApiHandler):
 
 class HealthHandler(ApiHandler):
     async def get(self) -> None:
+        """Answered even once the state cannot be made durable: saying so (`state`) is what it is for."""
+        try:
+            await self.app.manager.keeper.durable()
+        except StateUnwritable:
+            await self.run(self.app.health, durable=False)
+            return
         await self.run(self.app.health)
 
 

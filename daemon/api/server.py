@@ -106,7 +106,9 @@ class CgdApp:
                 for g in self.manager.keeper.machine.gpus]
         expected, running = self.manager.worker_counts()
         degraded = any(g["health"] != "ok" for g in gpus) or bool(self.manager.state_loss)
-        return {"status": "degraded" if degraded else "ok", "gpus": gpus,
+        refusal = self.manager.keeper.store.refusal
+        return {"status": "failing" if refusal else "degraded" if degraded else "ok", "gpus": gpus,
+                "state": {"writable": refusal is None, "error": refusal},
                 "state_loss": self.manager.state_loss,
                 "last_sample": self.health_monitor.last_sample,
                 "interval_s": self.health_monitor.config.interval_s,

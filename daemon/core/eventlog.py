@@ -82,8 +82,9 @@ class EventLog:
         self.last_seq = self.base
         self.clock = clock
         self._ring: deque[Event] = deque(maxlen=keep)
-        self._held: list[tuple[int, Event]] = []
-        """(generation, event): the events of commits not yet durable, in commit order."""
+        self._held: list[tuple[int, Event, bool]] = []
+        """(generation, event, of_commit): the events of commits not yet durable, in commit order, and
+        those not tied to a commit (`of_commit` False) that came meanwhile and wait behind them."""
         self._durable = -1
         """The last generation `release` was told is durable."""
         self._names: dict[int, str] = {}
@@ -113,9 +114,9 @@ class EventLog:
             except Exception:  # a subscriber's fault must not undo or hide what happened
                 log.exception("an event subscriber failed on %s", type_)
         if generation is not None and generation > self._durable:
-            self._held.append((generation, event))
+            self._held.append((generation, event, True))
         elif self._held:
-            self._held.append((self._held[-1][0], event))
+            self._held.append((self._held[-1][0], event, False))
         else:
             self._publish(event)
             self.wake()
@@ -134,6 +135,16 @@ class EventLog:
         if n:
             del self._held[:n]
             self.wake()
+
+    def drop_held(self) -> int:
+        """Never tell the held events of commits: an fsync failed, and their commits may not be on disk.
+        Those not tied to a commit (a worker's exit) are told now. Returns how many were dropped."""
+        held, self._held = self._held, []
+        for _, event, of_commit in held:
+            if not of_commit:
+                self._publish(event)
+        self.wake()
+        return sum(1 for _, _, of_commit in held if of_commit)
 
     def learn_names(self) -> None:
         """Look up the logins of held events' owners: blocking (NSS may ask a directory server),

@@ -119,6 +119,10 @@ class StateKeeper:
         self._flusher: asyncio.Task[None] | None = None
         self._watchers: list[asyncio.Future[None]] = []
         """Waiters for the next commit (`changed`)."""
+        self.on_unwritable: Callable[[str], None] = lambda why: None
+        """Called once when the store starts refusing every change (a failed fsync), with its reason:
+        cgd tells systemd (the daemon layer installs it)."""
+        self._unwritable_told = False
         self.on_freed: Callable[[], None] = lambda: None
         """Called after a commit that gave capacity back (a group gone, a GPU undrained): the queue's cue."""
         self._freed = False
@@ -274,7 +278,7 @@ class StateKeeper:
             try:
                 await asyncio.shield(syncing)
             except StateError as exc:
-                log.critical("%s", exc)
+                self._tell_unwritable()
                 raise StateUnwritable(str(exc)) from exc
         self.events.release(self.store.durable_generation)  # before the caller answers or acts
 
@@ -290,6 +294,25 @@ class StateKeeper:
             self._syncing = None
         self.events.release(self.store.durable_generation)
 
+    def _tell_unwritable(self) -> None:
+        """Once the store refuses every change, say so once to those who follow the events and to
+        `on_unwritable`. The events held for commits not yet durable are dropped, never sent: those
+        commits may not be on disk. The notice itself is published at once, so no follower is left
+        waiting behind events that will never come."""
+        why = self.store.refusal
+        if why is None or self._unwritable_told:
+            return
+        self._unwritable_told = True
+        log.critical("%s", why)
+        dropped = self.events.drop_held()
+        self.events.emit("state_unwritable", f"cgd cannot make its state durable and refuses every change "
+                         f"until it restarts ({dropped} events of changes that may not be on disk dropped): "
+                         f"{why}", reason=why, dropped=dropped)
+        try:
+            self.on_unwritable(why)
+        except Exception:
+            log.exception("telling that the state is unwritable failed")
+
     def _flush_soon(self) -> None:
         """Start the fsync of a change now, whether or not anyone waits for it.
 
@@ -304,6 +327,7 @@ class StateKeeper:
             try:
                 self.store.sync(self.doc.generation)
             except StateError as exc:
+                self._tell_unwritable()
                 raise (storage_refusal(exc) or exc) from exc
             self.events.release(self.store.durable_generation)
             return
@@ -340,6 +364,7 @@ class StateKeeper:
             raise
         except StateError as exc:
             self._roll_back()
+            self._tell_unwritable()
             refusal = storage_refusal(exc)
             if refusal is None:
                 raise

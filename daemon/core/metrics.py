@@ -168,6 +168,11 @@ class StateCollector(Collector):
             except OSError:
                 sizes.add_metric([host, label], 0)
         yield sizes
+        writable = GaugeMetricFamily("computegroups_state_writable", "1 while cgd can make changes to its state "
+                                     "durable; 0 after an fsync failed: every change is refused until cgd "
+                                     "restarts (GET /v1/health says why).", labels=["Hostname"])
+        writable.add_metric([host], 0 if self.manager.keeper.store.refusal else 1)
+        yield writable
 
 
 def _gauge(name: str, documentation: str) -> GaugeMetricFamily:

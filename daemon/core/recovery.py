@@ -25,8 +25,10 @@ from computegroups.daemon.core.queue import FINISHED
 from computegroups.daemon.core.transactions import remove_component
 from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
 from computegroups.daemon.model.enums import ComponentState, Outcome, RestartMode
+from computegroups.daemon.model.errors import StateUnwritable
 from computegroups.daemon.model.refs import component_of
 from computegroups.daemon.supervision.proctree import marked_processes, process_tree
+from computegroups.statefiles.errors import StateError
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
 from computegroups.statefiles.store import mark_lost
 from computegroups.topology.model import Machine
@@ -242,8 +244,12 @@ async def shutdown(manager: Manager, keep_workers: bool) -> None:
         keys = [watcher_key(w.component, w.replica) for w in manager.keeper.doc.workers.values()]
         manager._stopping.update(keys)
         await manager.supervisor.stop(keep_workers=keep_workers)
-        if not keep_workers:
-            with manager.keeper.transaction() as doc:
-                for ref, w in doc.workers.items():
-                    doc.workers[ref] = replace(w, pid=None, create_time=None)
-        await manager.keeper.durable()
+        try:
+            if not keep_workers:
+                with manager.keeper.transaction() as doc:
+                    for ref, w in doc.workers.items():
+                        doc.workers[ref] = replace(w, pid=None, create_time=None)
+            await manager.keeper.durable()
+        except (StateError, StateUnwritable) as exc:
+            # The workers are stopped (or kept) all the same; the next cgd finds what runs and what does not.
+            log.error("stopping with a state that cannot be written: %s", exc)

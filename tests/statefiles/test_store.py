@@ -441,6 +441,28 @@ def test_a_failed_fsync_of_a_commit_refuses_every_change_after_it(
     assert StateStore(store.directory).load().generation == 1
 
 
+def test_a_failed_fsync_of_the_state_read_at_start_refuses_every_change_and_every_sync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first transaction makes what it read durable; if that fails, a `sync()` must not return as if
+    done while nothing it could fsync covers the state (cgd's durable() waited on it forever)."""
+    commit(StateStore(tmp_path / "state"), populated_doc())
+    store = StateStore(tmp_path / "state")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(StateError, match=r"Input/output error.*generation 1\) may not be all on disk"), \
+            store.transaction():
+        pass
+    monkeypatch.undo()
+    assert store.refusal is not None
+    with pytest.raises(StateError, match="restart cgd"):
+        store.sync(1)
+    with pytest.raises(StateError, match="restart cgd"), store.transaction() as doc:
+        doc.drained = ("GPU-x",)
+
+
 def test_a_snapshot_that_finds_no_space_leaves_the_previous_generation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The journal line went in before the snapshot failed: it is cut back, so the refused change is

@@ -16,7 +16,7 @@ from typing import IO, Any
 import psutil
 import pytest
 
-from tests.daemon_fixture import Cgd
+from tests.daemon_fixture import Cgd, ended
 
 pytestmark = pytest.mark.slow
 
@@ -101,7 +101,7 @@ def test_whole_gpus_worker_env_and_release(cgd: Cgd) -> None:
 
     status, reply = cgd.request("DELETE", "/v1/components/trainer")
     assert status == 200 and reply["released"] == ["trainer"]
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert ended(pid)
     assert state_file(cgd)["groups"] == {}
 
 
@@ -201,7 +201,7 @@ def test_sigterm_stops_workers_and_keep_workers_leaves_them(start_cgd) -> None:
     allocate(cgd, {"name": "w", "claim": {"gpus": 1}, "command": worker_cmd()})
     pid = wait_for(lambda: cgd.request("GET", "/v1/components/w")[1]["replicas"][0]["pids"])[0]
     assert cgd.stop() == 0
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    wait_for(lambda: ended(pid))
 
     cgd.extra_args = ("--keep-workers",)
     cgd.start()
@@ -314,7 +314,7 @@ def test_release_cut_short_by_a_crash_is_finished_on_restart(start_cgd) -> None:
     with StateStore(cgd.state_dir).transaction() as doc:
         doc.components["half"] = replace(doc.components["half"], state="releasing")
     cgd.start()
-    wait_for(lambda: not psutil.pid_exists(half) or psutil.Process(half).status() == psutil.STATUS_ZOMBIE)
+    wait_for(lambda: ended(half))
     assert cgd.request("GET", "/v1/components/half")[0] == 404
     assert "half-0" not in state_file(cgd)["groups"]
     assert cgd.request("GET", "/v1/components/keep")[1]["replicas"][0]["pids"] == [keep]
@@ -329,7 +329,7 @@ def test_worker_over_its_share_is_stopped_when_policy_says_so(start_cgd, tmp_pat
     gpu = comp["replicas"][0]["devices"][0]["index"]
     pid = wait_for(lambda: cgd.request("GET", "/v1/components/greedy")[1]["replicas"][0]["pids"])[0]
     cgd.faults_file.write_text(json.dumps({"processes": [{"gpu": gpu, "pid": pid, "used_memory_mib": 30000}]}))
-    wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    wait_for(lambda: ended(pid))
     over = cgd.request("GET", "/v1/status")[1]["gpus"][gpu]["over_share"]
     assert over == [] or over[0]["replica"] == "greedy/0"
     assert "over its share" in cgd.log()
@@ -391,7 +391,7 @@ def test_a_slow_stop_does_not_stall_other_requests(cgd: Cgd) -> None:
     status, reply = cgd.request("DELETE", "/v1/components/slow")
     assert status == 409 and "being released" in reply["error"]["message"], reply
     assert time.monotonic() - began < 3.5
-    assert psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    assert not ended(pid)
     releaser.join(timeout=20)
     assert released[0][0] == 200 and released[0][1]["released"] == ["slow"], released
     assert time.monotonic() - began >= 4
@@ -460,7 +460,7 @@ def test_a_failed_replica_comes_back_with_restart(cgd: Cgd, tmp_path: Path) -> N
     assert status == 400 and reply["error"]["message"] == "replica: expected an integer, got '0'", reply
     status, reply = cgd.request("POST", "/v1/components/flaky/restart", {"replica": 0})
     assert status == 200 and reply["replicas"][0]["pids"] != [pid], reply
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert ended(pid)
 
 
 def test_a_promotion_cut_short_by_a_crash_is_finished_on_restart(start_cgd) -> None:

@@ -83,6 +83,19 @@ def test_an_event_without_a_commit_waits_behind_held_ones_to_keep_the_order(tmp_
     assert [e["message"] for e in log.after(None, EVERYONE)[0]] == ["a", "b"]
 
 
+def test_after_a_failed_fsync_held_commit_events_are_never_told_and_the_rest_go_out(tmp_path: Path) -> None:
+    log = keeper(tmp_path).events
+    log.emit("allocated", "a", uid=None, generation=7)
+    log.emit("worker_exited", "b", uid=None)
+    log.emit("released", "c", uid=None, generation=8)
+    assert log.drop_held() == 2
+    assert [e["message"] for e in log.after(None, EVERYONE)[0]] == ["b"]
+    log.release(8)
+    assert [e["message"] for e in log.after(None, EVERYONE)[0]] == ["b"], "dropped for good"
+    log.emit("worker_exited", "d", uid=None)
+    assert [e["message"] for e in log.after(None, EVERYONE)[0]] == ["b", "d"], "nothing waits behind them"
+
+
 def test_a_failing_subscriber_leaves_the_commit_made_told_and_its_waiters_woken(tmp_path: Path) -> None:
     k = keeper(tmp_path)
 
