@@ -26,7 +26,7 @@ from computegroups.daemon.core.transactions import remove_component
 from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_ref, watcher_key, write_role
 from computegroups.daemon.model.enums import ComponentState, Outcome, RestartMode
 from computegroups.daemon.model.refs import component_of
-from computegroups.daemon.supervision.proctree import marked_processes, process_tree
+from computegroups.daemon.supervision.proctree import marked_processes, process_trees
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
 from computegroups.statefiles.store import mark_lost
 from computegroups.topology.model import Machine
@@ -152,7 +152,7 @@ async def recover(manager: Manager) -> RecoveryReport:
         for ref in adopted:
             _finish_promotion(manager, keeper.doc.workers[ref])
 
-        kept = {p for ref in adopted for p in process_tree(keeper.doc.workers[ref].pid)}
+        kept = process_trees(keeper.doc.workers[ref].pid for ref in adopted)
         marked = [(pid, start, ref, env) for pid, start, ref, env in instance_processes(manager.paths.instance)
                   if pid not in kept and pid != os.getpid()]
         recorded = keeper.doc.components.keys() | set(releasing)  # a release finished just now left these

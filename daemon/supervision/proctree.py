@@ -48,14 +48,41 @@ def marked_processes(marks: Mapping[str, str]) -> list[tuple[int, float, dict[st
     return found
 
 
-def process_tree(pid: int | None) -> set[int]:
-    """`pid` and every descendant of it that is alive now."""
-    if pid is None:
+def process_trees(roots: Iterable[int | None]) -> set[int]:
+    """Each of `roots` and every descendant of it that is alive now.
+
+    The process table is read once for all roots (psutil's `children` reads
+    it once per call, which made recovery with a hundred workers read /proc
+    a hundred times). As in psutil's `children`, a process younger than its
+    root's start is left out: its pid was reused after the root's own child
+    with that pid ended. A root that is gone is kept alone.
+    """
+    wanted = {pid for pid in roots if pid is not None}
+    if not wanted:
         return set()
-    try:
-        return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
-    except psutil.Error:
-        return {pid}
+    table: dict[int, tuple[int, float]] = {}
+    for proc in psutil.process_iter(["ppid", "create_time"]):
+        if proc.info["ppid"] is not None and proc.info["create_time"] is not None:
+            table[proc.pid] = (proc.info["ppid"], proc.info["create_time"])
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found = set(wanted)
+    for root in wanted:
+        if root not in table:
+            continue
+        born = table[root][1]
+        stack, seen = [root], set()
+        while stack:
+            pid = stack.pop()
+            if pid in seen:
+                continue  # a cycle, read while pids were reused
+            seen.add(pid)
+            for child in children.get(pid, ()):
+                if born <= table[child][1]:
+                    found.add(child)
+                    stack.append(child)
+    return found
 
 
 def owners_of(pids: Iterable[int], roots: Mapping[int, str]) -> dict[int, str]:
