@@ -120,11 +120,13 @@ async def recover(manager: Manager) -> RecoveryReport:
                 refused.append(ref)  # its process, if alive, is a stray now: stopped below
                 continue
             mode = comp.spec.restart.mode
-            code = manager.supervisor.exit_status(watcher_key(w.component, w.replica), w.pid) if w.pid else None
             if w.pid and w.create_time and manager.supervisor.adopt(spec, w.pid, w.create_time):
                 adopted.append(ref)
                 manager.replica_states[ref] = "adopted"
-            elif code is not None and mode != RestartMode.ALWAYS and (code == 0 or mode == RestartMode.NEVER):
+                continue
+            # read once it is known not to run: a shim that ended meanwhile has written its status by then
+            code = manager.supervisor.exit_status(watcher_key(w.component, w.replica), w.pid) if w.pid else None
+            if code is not None and mode != RestartMode.ALWAYS and (code == 0 or mode == RestartMode.NEVER):
                 told[ref] = code  # it ended while no cgd ran, and its launch shim wrote how
             elif mode == RestartMode.NEVER and w.pid:
                 ended.append(ref)  # it ran, and ended while cgd was down (a reboot, say): never again

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from computegroups.daemon.supervision.processes import SAME_START_S
+from computegroups.daemon.supervision.processes import SAME_START_S, stat_fields
 
 MAX_DEPTH = 64
 """Parents walked up from a GPU process before it is called foreign."""
@@ -51,27 +51,32 @@ def marked_processes(marks: Mapping[str, str]) -> list[tuple[int, float, dict[st
 def process_trees(roots: Iterable[int | None]) -> set[int]:
     """Each of `roots` and every descendant of it that is alive now.
 
-    The process table is read once for all roots (psutil's `children` reads
-    it once per call, which made recovery with a hundred workers read /proc
-    a hundred times). As in psutil's `children`, a process younger than its
-    root's start is left out: its pid was reused after the root's own child
-    with that pid ended. A root that is gone is kept alone.
+    The process table is read once for all roots, one /proc/PID/stat each:
+    psutil's `children` reads it once per call (recovery with a hundred
+    workers read /proc a hundred times), and its Process objects read
+    /proc/stat besides for the boot time, to turn each start into a date.
+    As in psutil's `children`, a process that started before its root did
+    is left out: its pid was reused after the root's own child with that pid
+    ended. Start times are compared in clock ticks since boot, as the kernel
+    gives them. A root that is gone is kept alone.
     """
     wanted = {pid for pid in roots if pid is not None}
     if not wanted:
         return set()
-    table: dict[int, tuple[int, float]] = {}
-    for proc in psutil.process_iter(["ppid", "create_time"]):
-        if proc.info["ppid"] is not None and proc.info["create_time"] is not None:
-            table[proc.pid] = (proc.info["ppid"], proc.info["create_time"])
+    started: dict[int, int] = {}
     children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = stat_fields(int(entry))
+        if fields is None:
+            continue
+        started[int(entry)] = int(fields[19])
+        children.setdefault(int(fields[1]), []).append(int(entry))
     found = set(wanted)
     for root in wanted:
-        if root not in table:
+        if root not in started:
             continue
-        born = table[root][1]
         stack, seen = [root], set()
         while stack:
             pid = stack.pop()
@@ -79,7 +84,7 @@ def process_trees(roots: Iterable[int | None]) -> set[int]:
                 continue  # a cycle, read while pids were reused
             seen.add(pid)
             for child in children.get(pid, ()):
-                if born <= table[child][1]:
+                if started[root] <= started[child]:
                     found.add(child)
                     stack.append(child)
     return found
