@@ -167,11 +167,29 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def run_seconds(pid: int) -> dict[int, float]:
+    """Per thread of `pid`, the CPU time it has run, in nanoseconds' resolution
+    (/proc/PID/task/TID/schedstat): /proc/PID/stat counts in clock ticks of
+    10 ms, which over a 10 s window tell 0.2% from 0.3% of a core by one tick."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
 def idle_cost(pid: int, window_s: float) -> tuple[float, float]:
-    """(RSS MiB, CPU percent of one core) over `window_s` seconds of doing nothing."""
-    before = cpu_seconds(pid)
+    """(RSS MiB, CPU percent of one core) over `window_s` seconds of doing nothing.
+
+    Summed over the threads' run times where the same threads lived through the
+    window; where one ended meanwhile (its time would be lost), from the ticks."""
+    before, ticks = run_seconds(pid), cpu_seconds(pid)
     time.sleep(window_s)
-    return rss_mib(pid), (cpu_seconds(pid) - before) / window_s * 100
+    after, ticks = run_seconds(pid), cpu_seconds(pid) - ticks
+    used = sum(after.values()) - sum(before.values()) if before.keys() == after.keys() else ticks
+    return rss_mib(pid), used / window_s * 100
 
 
 def ok(cgd: Cgd, method: str, path: str, body: Any = None, expect: int = 200) -> Any:

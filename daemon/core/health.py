@@ -122,8 +122,10 @@ class HealthMonitor:
         samples: tuple[GpuSample, ...] = ()
         if self.telemetry is not None:
             samples = await asyncio.get_running_loop().run_in_executor(None, self.telemetry.sample)
-        roots, shares = self.manager.worker_pids_and_shares()
         on_gpus = {p.pid for s in samples for p in s.processes}
+        # Whose the GPU processes are matters only when NVML lists some: finding every worker's own
+        # pid reads its launch shim's status file, a hundred reads a tick for a hundred idle workers.
+        roots, shares = self.manager.worker_pids_and_shares() if on_gpus else ({}, {})
         self.facts = assess(samples, self.config, owners_of(on_gpus, roots), shares)
         self._count(self.samples, samples)
         self.samples = samples

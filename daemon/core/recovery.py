@@ -27,7 +27,7 @@ from computegroups.daemon.core.workers import INSTANCE_VAR, build_spec, replica_
 from computegroups.daemon.model.enums import ComponentState, Outcome, RestartMode
 from computegroups.daemon.model.errors import StateUnwritable
 from computegroups.daemon.model.refs import component_of
-from computegroups.daemon.supervision.proctree import marked_processes, process_tree
+from computegroups.daemon.supervision.proctree import marked_processes, process_trees
 from computegroups.statefiles.errors import StateError
 from computegroups.statefiles.schema import MachineFingerprint, WorkerRecord
 from computegroups.statefiles.store import mark_lost
@@ -122,11 +122,13 @@ async def recover(manager: Manager) -> RecoveryReport:
                 refused.append(ref)  # its process, if alive, is a stray now: stopped below
                 continue
             mode = comp.spec.restart.mode
-            code = manager.supervisor.exit_status(watcher_key(w.component, w.replica), w.pid) if w.pid else None
             if w.pid and w.create_time and manager.supervisor.adopt(spec, w.pid, w.create_time):
                 adopted.append(ref)
                 manager.replica_states[ref] = "adopted"
-            elif code is not None and mode != RestartMode.ALWAYS and (code == 0 or mode == RestartMode.NEVER):
+                continue
+            # read once it is known not to run: a shim that ended meanwhile has written its status by then
+            code = manager.supervisor.exit_status(watcher_key(w.component, w.replica), w.pid) if w.pid else None
+            if code is not None and mode != RestartMode.ALWAYS and (code == 0 or mode == RestartMode.NEVER):
                 told[ref] = code  # it ended while no cgd ran, and its launch shim wrote how
             elif mode == RestartMode.NEVER and w.pid:
                 ended.append(ref)  # it ran, and ended while cgd was down (a reboot, say): never again
@@ -154,7 +156,7 @@ async def recover(manager: Manager) -> RecoveryReport:
         for ref in adopted:
             _finish_promotion(manager, keeper.doc.workers[ref])
 
-        kept = {p for ref in adopted for p in process_tree(keeper.doc.workers[ref].pid)}
+        kept = process_trees(keeper.doc.workers[ref].pid for ref in adopted)
         marked = [(pid, start, ref, env) for pid, start, ref, env in instance_processes(manager.paths.instance)
                   if pid not in kept and pid != os.getpid()]
         recorded = keeper.doc.components.keys() | set(releasing)  # a release finished just now left these

@@ -60,16 +60,21 @@ def _all_pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _running_in_group(pid: int, pgid: int) -> bool:
-    """From /proc/PID/stat: after the command name in parentheses (which may
-    hold anything) come the state, the parent pid and the group id."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name in parentheses
+    (which may hold anything): the state, the parent pid, the group id, ...,
+    the start time in clock ticks since boot at index 19. None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
     except OSError:
-        return False
-    fields = stat[stat.rindex(b")") + 2:].split()
-    return int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
+        return None
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def _running_in_group(pid: int, pgid: int) -> bool:
+    fields = stat_fields(pid)
+    return fields is not None and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X")
 
 
 def _leads_group(pid: int) -> bool:

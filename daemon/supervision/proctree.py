@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from computegroups.daemon.supervision.processes import SAME_START_S
+from computegroups.daemon.supervision.processes import SAME_START_S, stat_fields
 
 MAX_DEPTH = 64
 """Parents walked up from a GPU process before it is called foreign."""
@@ -48,14 +48,46 @@ def marked_processes(marks: Mapping[str, str]) -> list[tuple[int, float, dict[st
     return found
 
 
-def process_tree(pid: int | None) -> set[int]:
-    """`pid` and every descendant of it that is alive now."""
-    if pid is None:
+def process_trees(roots: Iterable[int | None]) -> set[int]:
+    """Each of `roots` and every descendant of it that is alive now.
+
+    The process table is read once for all roots, one /proc/PID/stat each:
+    psutil's `children` reads it once per call (recovery with a hundred
+    workers read /proc a hundred times), and its Process objects read
+    /proc/stat besides for the boot time, to turn each start into a date.
+    As in psutil's `children`, a process that started before its root did
+    is left out: its pid was reused after the root's own child with that pid
+    ended. Start times are compared in clock ticks since boot, as the kernel
+    gives them. A root that is gone is kept alone.
+    """
+    wanted = {pid for pid in roots if pid is not None}
+    if not wanted:
         return set()
-    try:
-        return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
-    except psutil.Error:
-        return {pid}
+    started: dict[int, int] = {}
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = stat_fields(int(entry))
+        if fields is None:
+            continue
+        started[int(entry)] = int(fields[19])
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found = set(wanted)
+    for root in wanted:
+        if root not in started:
+            continue
+        stack, seen = [root], set()
+        while stack:
+            pid = stack.pop()
+            if pid in seen:
+                continue  # a cycle, read while pids were reused
+            seen.add(pid)
+            for child in children.get(pid, ()):
+                if started[root] <= started[child]:
+                    found.add(child)
+                    stack.append(child)
+    return found
 
 
 def owners_of(pids: Iterable[int], roots: Mapping[int, str]) -> dict[int, str]:
