@@ -247,10 +247,10 @@ def test_reserve_and_drain_fit_80_columns_with_long_names(cgd: FakeCgd) -> None:
     cgd.on("POST", "/v1/reservations", {"name": name, "owner": {"uid": 0}, "expires_at": 2e9, "priority": 0,
                                         "groups": [{"id": f"{name}-0", "devices": [{"index": 1, "whole": True}]}]})
     cgd.on("POST", "/v1/gpus/1/drain", {"gpu": 1, "drained": True, "groups": [f"{name}-0", f"{name}-1"]})
-    for args in (("reserve", name, "--gpus", "1"), ("drain", "1")):
-        lines = cgctl(*args).stdout.splitlines()
+    outputs = [cgctl(*args).stdout.splitlines() for args in (("reserve", name, "--gpus", "1"), ("drain", "1"))]
+    for lines in outputs:
         assert len(lines) > 1 and max(len(line) for line in lines) <= 80, lines
-    assert f"{name}-1 (release or move them)" in " ".join(lines)
+    assert f"{name}-1 (release or move them)" in " ".join(outputs[1])
 
 
 def test_logs_once_and_followed_until_released(cgd: FakeCgd, monkeypatch: pytest.MonkeyPatch) -> None:
