@@ -205,6 +205,9 @@ class StateStore:
             with self._thread_lock:
                 self._poison(failed)
         with self._thread_lock:
+            # Another fsync of the same journal (a snapshot's, a close's) may have failed meanwhile and
+            # taken the error this one would have seen: once poisoned, nothing more is called durable.
+            self._check_usable()
             self.durable_generation = max(self.durable_generation, current)
 
     def _poison(self, failed: OSError, what: str | None = None) -> NoReturn:

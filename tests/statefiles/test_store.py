@@ -507,3 +507,42 @@ def test_a_held_store_keeps_other_writers_out_between_its_transactions(tmp_path:
     with other.transaction() as doc:
         assert doc.drained == ("GPU-b",)
         doc.drained = ()
+
+
+def test_a_sync_in_flight_when_another_fsync_fails_makes_nothing_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two fsyncs of one journal share its error: the one that reports it poisons the store, and the
+    other, returning 0, must not then call the change durable (its reply would say it is on disk)."""
+    store = StateStore(tmp_path / "state")
+    with store.transaction(sync=False) as doc:
+        doc.drained = ("GPU-a",)
+    target = store._written_generation
+    assert store.durable_generation < target
+    entered, go = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if threading.current_thread() is threading.main_thread():
+            raise OSError(errno.EIO, "Input/output error")
+        entered.set()
+        go.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    errors: list[BaseException] = []
+
+    def sync() -> None:
+        try:
+            store.sync(target)
+        except StateError as exc:
+            errors.append(exc)
+
+    syncing = threading.Thread(target=sync)
+    syncing.start()
+    assert entered.wait(5)
+    with pytest.raises(StateError):
+        store.close()
+    go.set()
+    syncing.join(5)
+    assert store.refusal is not None and store.durable_generation < target
+    assert len(errors) == 1 and "restart cgd" in str(errors[0])
