@@ -13,7 +13,6 @@ from typing import Any
 import click
 
 from computegroups.cli.connect import (
-    Failed,
     client,
     complete_components,
     emit_json,
@@ -53,8 +52,7 @@ def release(names: tuple[str, ...], everything: bool, stop_timeout: float | None
         else:
             with _progress(cgd, wanted, stop_timeout) as grace:
                 cgd.timeout = max(cgd.timeout, grace + 30)
-                result = _release_one(cgd, wanted[0], stop_timeout) if len(wanted) == 1 else \
-                    _release_many(cgd, wanted, stop_timeout)
+                result = cgd.release_components(wanted, stop_timeout)
     if json_wanted():
         emit_json(result)
         return
@@ -112,42 +110,6 @@ def _progress(cgd: CgdClient, names: list[str], stop_timeout: float | None) -> I
     finally:
         done.set()
         shower.join()
-
-
-def _release_one(cgd: CgdClient, name: str, stop_timeout: float | None = None) -> dict[str, Any]:
-    """A component first; a reservation of that name is the other thing a
-    user can have made with that name."""
-    try:
-        done = cgd.release_component(name, stop_timeout)
-        return {"released": done["released"], "groups": done["groups"], "reservations": []}
-    except CgdError as exc:
-        if exc.code != "not_found":
-            raise
-        try:
-            done = cgd.delete_reservation(name)
-        except CgdError as missing:
-            if missing.code != "not_found":
-                raise
-            raise exc from None
-        return {"released": [], "groups": done.get("groups", []), "reservations": [name]}
-
-
-def _release_many(cgd: CgdClient, names: list[str], stop_timeout: float | None) -> dict[str, Any]:
-    """The components in one request, which cgd refuses whole if one of them may not go; the
-    reservations after, each named one checked to exist before anything is released."""
-    components = {c["name"] for c in cgd.list_components()["components"]}
-    reservations = {r["name"] for r in cgd.list_reservations()["reservations"]}
-    unknown = [n for n in names if n not in components and n not in reservations]
-    if unknown:
-        listed = ", ".join(repr(n) for n in unknown)
-        raise Failed(f"no component or reservation named {listed}: nothing released (`cgctl list` shows what exists)")
-    mine = [n for n in names if n in components]
-    done = cgd.release_components(mine, stop_timeout) if mine else {"released": [], "groups": []}
-    groups = list(done["groups"])
-    held = [n for n in names if n not in components]
-    for name in held:
-        groups += cgd.delete_reservation(name).get("groups", [])
-    return {"released": done["released"], "groups": sorted(groups), "reservations": held}
 
 
 def _release_all(cgd: CgdClient) -> dict[str, Any]:

@@ -238,13 +238,17 @@ class ComponentsHandler(ApiHandler):
         await self.run(lambda: self.app.manager.allocate(self.caller, self.decode(ComponentRequest)), 201)
 
     async def delete(self) -> None:
-        """`?all=true`: all the caller's components; `?name=A&name=B`: those, all checked before any goes."""
+        """`?all=true`: all the caller's components; `?name=A&name=B`: those components and reservations,
+        all checked before any goes."""
         names = self.get_query_arguments("name")
         everything = self.get_query_argument("all", "") in ("true", "1")
         if everything == bool(names):
             await self.run(lambda: _raise(BadRequest(
                 "add ?all=true to release all your components, or ?name=A&name=B to release those")))
         elif everything:
+            if self.get_query_argument("stop_timeout", None) is not None:
+                await self.run(lambda: _raise(BadRequest("stop_timeout: only with ?name=, not with ?all=true")))
+                return
             await self.run(lambda: self.app.manager.release_all(self.caller))
         else:
             await self.run(lambda: self.app.manager.release_many(

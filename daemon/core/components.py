@@ -110,15 +110,27 @@ class Components(Groups):
 
     async def release_many(self, caller: Caller, names: list[str],
                            stop_timeout: float | None = None) -> dict[str, Any]:
-        """Every name is checked as `release` checks one before any is marked releasing: a name that
-        can not go (unknown, another's, a deployment's) leaves the others as they were."""
+        """Components and reservations by name, as `cgctl release` takes either. Every name is checked
+        under one hold of the lock before anything changes: one that can not go (unknown, another's, a
+        deployment's, shared by a component not named) leaves all the others as they were."""
         if not names:
-            raise BadRequest("name at least one component to release")
+            raise BadRequest("name at least one component or reservation to release")
+        wanted = list(dict.fromkeys(names))
         async with self.keeper.lock:
-            for name in names:
-                self._check_release(caller, name)
-            closure, refs = self._begin_release(list(dict.fromkeys(names)))
-        return await self._finish_release(closure, refs, stop_timeout)
+            held: list[str] = []
+            for name in wanted:
+                if name in self.doc.components:
+                    self._check_release(caller, name)
+                elif name in self.doc.reservations:
+                    check_owner(caller, self.doc.reservations[name].owner_uid, f"reservation {name!r}")
+                    held.append(name)
+                else:
+                    raise NotFound(f"no component or reservation named {name!r}: nothing released "
+                                   "(`cgctl list` shows what exists)")
+            closure, refs = self._begin_release([n for n in wanted if n not in held])  # checks the sharers
+            reserved = [g for name in held for g in self.unreserve_locked(caller, name)["groups"]]
+        done = await self._finish_release(closure, refs, stop_timeout) if closure else {"released": [], "groups": []}
+        return {**done, "groups": sorted([*done["groups"], *reserved]), "reservations": held}
 
     def _check_release(self, caller: Caller, name: str, only_from: int | None = None) -> None:
         self.check_idle(name)

@@ -132,12 +132,12 @@ def test_refusal_is_one_line_and_exit_1(cgd: FakeCgd) -> None:
     assert result.stdout == ""
 
 
-def test_release_one_and_fall_back_to_a_reservation(cgd: FakeCgd) -> None:
-    cgd.on("DELETE", "/v1/components/web", {"released": ["web"], "groups": ["web-0"]})
-    cgd.on("DELETE", "/v1/components/train", CgdError(404, "not_found", "no component named 'train'"))
-    cgd.on("DELETE", "/v1/reservations/train", {"released": "train", "groups": ["train-0"]})
-    assert cgctl("release", "web").stdout == "released web (groups web-0)\n"
-    assert cgctl("release", "train").stdout == "released train (groups train-0)\n"
+def test_release_names_go_in_one_request(cgd: FakeCgd) -> None:
+    cgd.on("DELETE", "/v1/components?name=web&name=train",
+           {"released": ["web"], "groups": ["train-0", "web-0"], "reservations": ["train"]})
+    assert cgctl("release", "web", "train", "web").stdout == "released web, train (groups train-0, web-0)\n"
+    assert cgd.sent() == [("GET", "/v1/components/web", None), ("GET", "/v1/components/train", None),
+                          ("DELETE", "/v1/components?name=web&name=train", None)]
 
 
 def test_release_of_many_groups_wraps_within_80_columns() -> None:
@@ -149,11 +149,12 @@ def test_release_of_many_groups_wraps_within_80_columns() -> None:
     assert " ".join(lines).count("a-component-with-a-long-name-") == 12
 
 
-def test_release_of_nothing_by_that_name_reports_the_component(cgd: FakeCgd) -> None:
-    cgd.on("DELETE", "/v1/components/", CgdError(404, "not_found", "no component named 'x': see `cgctl list`"))
-    cgd.on("DELETE", "/v1/reservations/", CgdError(404, "not_found", "no reservation named 'x'"))
+def test_release_of_nothing_by_that_name_is_cgds_one_line(cgd: FakeCgd) -> None:
+    cgd.on("DELETE", "/v1/components?name=x",
+           CgdError(404, "not_found", "no component or reservation named 'x': nothing released"))
     result = cgctl("release", "x")
-    assert result.exit_code == 1 and result.stderr == "cgctl: error: no component named 'x': see `cgctl list`\n"
+    assert result.exit_code == 1
+    assert result.stderr == "cgctl: error: no component or reservation named 'x': nothing released\n"
 
 
 def test_release_all_takes_own_reservations_too(cgd: FakeCgd) -> None:

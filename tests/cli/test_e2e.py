@@ -232,7 +232,7 @@ def test_release_of_several_names_checks_them_all_first(cgd: Cgd) -> None:
     pids = {p for name in ("a", "b") for r in components(cgd)[name]["replicas"] for p in r["pids"]}
 
     assert "'typo'" in refused(cgd, "release", "a", "typo", "b")
-    for query in ("", "?all=true&name=a", "?name=a&name=b&stop_timeout=-1"):
+    for query in ("", "?all=true&name=a", "?name=a&name=b&stop_timeout=-1", "?all=true&stop_timeout=1"):
         assert cgd.request("DELETE", f"/v1/components{query}")[0] == 400, query
     assert "release it first" in refused(cgd, "release", "a", "c", "b")
     assert set(components(cgd)) == {"a", "b", "c", "c-user"}
@@ -367,6 +367,17 @@ AS_NOBODY = textwrap.dedent("""
 """)
 
 
+# The same, for a component of nobody's own, made through the client (the allocate command's
+# imports would be read after the drop).
+NOBODY_ALLOCATES = textwrap.dedent("""
+    import os, sys
+    from computegroups.daemon.client.sync import CgdClient
+    client = CgdClient(sys.argv[1])
+    os.setgroups([]); os.setgid(65534); os.setuid(65534)
+    client.create_component({"name": sys.argv[2], "claim": {"gpus": 1}})
+""")
+
+
 @pytest.fixture
 def shared_cgd(start_cgd: Callable[..., Cgd]) -> Iterator[Cgd]:
     """A daemon whose socket another uid can reach."""
@@ -391,6 +402,24 @@ def test_someone_elses_component_is_refused(shared_cgd: Cgd) -> None:
         assert result.returncode == 1, (args, result.stdout, result.stderr)
         assert result.stderr.startswith("cgctl: error: ") and "belongs to" in result.stderr, result.stderr
     assert "mine" in components(shared_cgd)
+
+
+def test_a_release_naming_someone_elses_reservation_releases_nothing(shared_cgd: Cgd) -> None:
+    ok(shared_cgd, "reserve", "theirs", "--gpus", "1")
+    env = {**shared_cgd.env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+    def as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", AS_NOBODY, *args], env=env,
+                              capture_output=True, text=True, timeout=30, check=False)
+
+    made = subprocess.run([sys.executable, "-c", NOBODY_ALLOCATES, str(shared_cgd.socket), "own"], env=env,
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert made.returncode == 0, made.stderr
+    result = as_nobody("release", "own", "theirs")
+    assert result.returncode == 1 and "belongs to" in result.stderr and result.stderr.count("\n") == 1, result
+    assert "own" in components(shared_cgd)
+    assert [r["name"] for r in shared_cgd.request("GET", "/v1/reservations")[1]["reservations"]] == ["theirs"]
+    assert as_nobody("release", "own").returncode == 0
 
 
 def test_topo_shows_the_machine_the_running_cgd_serves(cgd: Cgd) -> None:
