@@ -71,5 +71,9 @@ def reasons_text(reasons: Mapping[int, str]) -> str:
 
 
 def mib(value: int) -> str:
-    """Whole GiB as a claim is usually written (`--memory 20GiB`); anything else exactly, in MiB."""
-    return f"{value // 1024} GiB" if value and value % 1024 == 0 else f"{value} MiB"
+    """In GiB, the unit a claim is written in (`--memory 20GiB`), so one message never mixes units:
+    whole GiB as such, others to a hundredth, cut rather than rounded (7.99 GiB free does not take
+    8 GiB)."""
+    if value % 1024 == 0:
+        return f"{value // 1024} GiB"
+    return f"{value * 100 // 1024 / 100:.2f} GiB"

@@ -350,7 +350,7 @@ def test_draining_and_foreign_processes() -> None:
     assert "allow_busy" in str(info.value)
     assert one(a, Claim(gpus=1, allow_busy=True), "busy").gpus == (2,)
     a.release("busy")
-    with pytest.raises(DoesNotFitNow, match="the most free is 4140 MiB"):
+    with pytest.raises(DoesNotFitNow, match=r"the most free is 4\.04 GiB"):
         one(a, Claim(memory_mib=5000), "share")
     assert one(a, Claim(memory_mib=4000), "share").gpus == (2,)
     use = {u.gpu: u for u in a.free_summary()}
@@ -514,3 +514,15 @@ def test_anti_affinity_right_after_the_group_it_avoids() -> None:
     y = one(a, Claim(gpus=2, anti_affinity=(AffinityTerm("x", Level.NUMA),)), "y-0")
     assert x.gpus == (0, 3) and y.gpus == (4, 7)
     assert "leaves 1,2,5,6 as a 7-link quad" in y.score.explanation
+
+
+def test_memory_in_messages_is_in_gib_throughout() -> None:
+    """A claim written in GiB is told in GiB, beside the GPUs' odd sizes: never 90 GiB against 81559 MiB,
+    and a free amount just under what is asked never reads as equal to it."""
+    a = Allocator(machine("dgx-h100"))
+    with pytest.raises(NeverFits, match=r"needs 90 GiB on one GPU; the largest GPU .* has 79\.64 GiB$"):
+        one(a, Claim(memory_mib=90 * 1024))
+    one(a, Claim(gpus=7), "seven")
+    one(a, Claim(memory_mib=81559 - 8191), "most")
+    with pytest.raises(DoesNotFitNow, match=r"needs 8 GiB on one GPU; none is free now; the most free is 7\.99 GiB "):
+        one(a, Claim(memory_mib=8 * 1024))
