@@ -70,7 +70,7 @@ def reasons_text(reasons: Mapping[int, str]) -> str:
     return "; ".join(f"{why}: {gpus_phrase(gpus)}" for why, gpus in ordered)
 
 
-def mib(value: int) -> str:
+def memory_text(value: int) -> str:
     """In GiB, the unit a claim is written in (`--memory 20GiB`), so one message never mixes units:
     whole GiB as such, others to a hundredth, cut rather than rounded (7.99 GiB free does not take
     8 GiB)."""

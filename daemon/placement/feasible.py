@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from computegroups.daemon.model.claims import AllocatorConfig, Claim
 from computegroups.daemon.model.words import plural
-from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase, mib
+from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase, memory_text
 from computegroups.daemon.placement.records import NeverFits
 from computegroups.daemon.placement.selectors import gpu_kinds, has_selectors, selected, selector_text
 from computegroups.daemon.placement.shares import may_use_mig
@@ -132,8 +132,8 @@ def _share(topo: Topo, config: AllocatorConfig, claim: Claim, gpus: list[int], g
         if not plain:
             raise NeverFits(f"no GPU of {where} takes shares (MIG enabled or memory unknown); ask for a mig profile")
         largest = max(topo.memory[g] for g in plain)
-        raise NeverFits(f"needs {mib(claim.memory_mib or 0)} on one GPU; the largest GPU of {where} "
-                        f"has {mib(largest)}")
+        raise NeverFits(f"needs {memory_text(claim.memory_mib or 0)} on one GPU; the largest GPU of {where} "
+                        f"has {memory_text(largest)}")
     devices = len(set(fits) | {m.parent_index for m in migs})
     if claim.distinct and groups > devices:
         raise NeverFits(f"needs {groups} shares on distinct GPUs; {_has(where)} {plural(devices, 'GPU')} "

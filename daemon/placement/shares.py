@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from computegroups.daemon.model.claims import Claim, Strategy
-from computegroups.daemon.placement.explain import IN_USE_WHOLE, MIG_TAKEN, NO_ROOM, domain_name, mib
+from computegroups.daemon.placement.explain import IN_USE_WHOLE, MIG_TAKEN, NO_ROOM, domain_name, memory_text
 from computegroups.daemon.placement.records import DeviceShare, DoesNotFitNow, Score
 from computegroups.daemon.placement.rules import Rules, holders
 from computegroups.daemon.placement.topo import Topo
@@ -190,15 +190,16 @@ def _share_note(rules: Rules, g: int, memory: int) -> str:
     others = len(rules.groups(g))
     left = rules.free_memory(g) - memory
     with_whom = f"shared with {others} other group{'s' if others != 1 else ''}" if others else "an unused GPU"
-    return f"{with_whom}, {mib(left)} left free"
+    return f"{with_whom}, {memory_text(left)} left free"
 
 
 def device_score(choice: DeviceChoice, strategy: Strategy, total_mib: int) -> Score:
     d = choice.device
     if d.mig_uuid is not None:
-        text = f"{choice.note} ({mib(d.memory_mib)})"
+        text = f"{choice.note} ({memory_text(d.memory_mib)})"
     else:
-        text = f"GPU {d.gpu}: {mib(d.memory_mib)} of {mib(total_mib)}, {d.compute_pct}% compute; {choice.note}"
+        text = (f"GPU {d.gpu}: {memory_text(d.memory_mib)} of {memory_text(total_mib)}, {d.compute_pct}% compute; "
+                f"{choice.note}")
     text += f" ({strategy.value})"
     return Score(nvlinks=0, pcie=0, explanation=text)
 
@@ -209,7 +210,8 @@ def share_failure(rules: Rules, options_reasons: dict[int, str]) -> DoesNotFitNo
         what = f"a free MIG {claim.mig} instance"
     else:
         sizes = sorted({share_size(rules, g)[0] for g in rules.pool_gpus() if not rules.topo.mig[g]})
-        memory = mib(sizes[0]) if len(sizes) == 1 else f"{mib(sizes[0])}-{mib(sizes[-1])}" if sizes else "memory"
+        memory = memory_text(sizes[0]) if len(sizes) == 1 else \
+            f"{memory_text(sizes[0])}-{memory_text(sizes[-1])}" if sizes else "memory"
         what = f"{memory}{f' and {claim.compute_pct}% compute' if claim.compute_pct else ''} on one GPU"
     text = f"needs {what}; none is free now"
     roomiest = _roomiest(rules)
@@ -224,4 +226,4 @@ def _roomiest(rules: Rules) -> str | None:
     if not gpus:
         return None
     g = max(gpus, key=lambda x: (rules.free_memory(x), -x))
-    return f"{mib(max(0, rules.free_memory(g)))} and {max(0, rules.free_compute(g))}% compute on GPU {g}"
+    return f"{memory_text(max(0, rules.free_memory(g)))} and {max(0, rules.free_compute(g))}% compute on GPU {g}"
