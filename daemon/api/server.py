@@ -106,7 +106,7 @@ class CgdApp:
                 for g in self.manager.keeper.machine.gpus]
         expected, running = self.manager.worker_counts()
         degraded = any(g["health"] != "ok" for g in gpus) or bool(self.manager.state_loss)
-        refusal = self.manager.keeper.store.refusal
+        refusal = self.manager.keeper.refusal
         return {"status": "failing" if refusal else "degraded" if degraded else "ok", "gpus": gpus,
                 "state": {"writable": refusal is None, "error": refusal},
                 "state_loss": self.manager.state_loss,

@@ -294,12 +294,17 @@ class StateKeeper:
             self._syncing = None
         self.events.release(self.store.durable_generation)
 
+    @property
+    def refusal(self) -> str | None:
+        """Why every change is refused until cgd restarts (a failed fsync), or None: what health says."""
+        return self.store.refusal
+
     def _tell_unwritable(self) -> None:
         """Once the store refuses every change, say so once to those who follow the events and to
         `on_unwritable`. The events held for commits not yet durable are dropped, never sent: those
         commits may not be on disk. The notice itself is published at once, so no follower is left
         waiting behind events that will never come."""
-        why = self.store.refusal
+        why = self.refusal
         if why is None or self._unwritable_told:
             return
         self._unwritable_told = True

@@ -171,7 +171,7 @@ class StateCollector(Collector):
         writable = GaugeMetricFamily("computegroups_state_writable", "1 while cgd can make changes to its state "
                                      "durable; 0 after an fsync failed: every change is refused until cgd "
                                      "restarts (GET /v1/health says why).", labels=["Hostname"])
-        writable.add_metric([host], 0 if self.manager.keeper.store.refusal else 1)
+        writable.add_metric([host], 0 if self.manager.keeper.refusal else 1)
         yield writable
 
 
