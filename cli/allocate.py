@@ -95,10 +95,10 @@ def reserve(name: str, ttl: float, **opts: Any) -> None:
     groups = reservation.get("groups") or []
     devices = devices_label(d for g in groups for d in g.get("devices") or [])
     until = time.strftime("%H:%M:%S", time.localtime(reservation["expires_at"]))
-    width = columns()
+    # The commands stay whole, to be copied as they are: only the first line is wrapped.
     emit_lines([
         *wrap(f"reserved {name}: {len(groups)} group{'s' if len(groups) != 1 else ''} on GPU {devices} "
-              f"until {until}", width),
-        *wrap(f"take it:  cgctl allocate {name} -- CMD", width),
-        *wrap(f"free it:  cgctl release {name}", width),
+              f"until {until}", columns()),
+        f"take it:  cgctl allocate {name} -- CMD",
+        f"free it:  cgctl release {name}",
     ])

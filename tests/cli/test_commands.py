@@ -251,6 +251,7 @@ def test_reserve_and_drain_fit_80_columns_with_long_names(cgd: FakeCgd) -> None:
     outputs = [cgctl(*args).stdout.splitlines() for args in (("reserve", name, "--gpus", "1"), ("drain", "1"))]
     for lines in outputs:
         assert len(lines) > 1 and max(len(line) for line in lines) <= 80, lines
+    assert f"take it:  cgctl allocate {name} -- CMD" in outputs[0]
     assert f"{name}-1 (release or move them)" in " ".join(outputs[1])
 
 

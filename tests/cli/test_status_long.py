@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import patch
 
 import click
 from hypothesis import given
@@ -172,6 +173,16 @@ def test_no_line_is_ever_wider_than_the_terminal(width: int) -> None:
     for board in (standalone(), Board.of(*busy_machine()), Board.of({**status(), **lost}, [component()], [])):
         lines = long_lines(board, plain, width)
         assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
+
+
+@given(st.integers(min_value=40, max_value=160))
+def test_the_layout_fits_before_the_last_cut(width: int) -> None:
+    """`clip` is the net under the layout, not the layout: at a usable width nothing falls into it."""
+    lost = {"lost_groups": [{"id": f"{TRAINER}-lost-7", "owner": TRAINER, "devices": [device(7, mig=MIG)]}]}
+    with patch("computegroups.cli.status_long.clip", lambda text, _width: text):
+        for board in (standalone(), Board.of(*busy_machine()), Board.of({**status(), **lost}, [component()], [])):
+            lines = long_lines(board, plain, width)
+            assert all(len(line) <= width for line in lines), [line for line in lines if len(line) > width]
 
 
 def test_colour_moves_no_column() -> None:
