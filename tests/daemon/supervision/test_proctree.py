@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import psutil
 
+from computegroups.daemon.supervision import proctree
 from computegroups.daemon.supervision.proctree import process_trees
 
 TREE = ("import subprocess, sys, time\n"
@@ -68,4 +69,21 @@ def test_every_roots_descendants_in_one_read_and_no_one_elses() -> None:
 
 def test_no_roots_is_no_processes() -> None:
     assert process_trees([]) == set()
+    assert process_trees([None]) == set()
+
+
+def test_a_reused_pid_and_a_cycle_are_read_as_psutil_reads_them(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A table read while pids were reused: a "child" older than its root is another process that
+    took a dead child's pid (left out, with what it started), and parents that point at each other
+    end the walk rather than loop."""
+    table = {  # pid: (parent, start in ticks)
+        100: (1, 1000), 101: (100, 1010), 102: (101, 1020),
+        103: (100, 900), 104: (103, 1030),
+        200: (201, 2000), 201: (200, 2001),
+        300: (1, 50),
+    }
+    monkeypatch.setattr(os, "listdir", lambda path: [str(p) for p in table] + ["self", "stat"])
+    monkeypatch.setattr(proctree, "stat_fields", lambda pid: None if pid not in table else
+                        [b"S", str(table[pid][0]).encode(), *[b"0"] * 17, str(table[pid][1]).encode()])
+    assert process_trees([100, 200, 999, None]) == {100, 101, 102, 200, 201, 999}
     assert process_trees([None]) == set()
