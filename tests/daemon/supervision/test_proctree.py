@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psutil
+import pytest
 
 from computegroups.daemon.supervision import proctree
 from computegroups.daemon.supervision.proctree import process_trees
@@ -72,7 +73,7 @@ def test_no_roots_is_no_processes() -> None:
     assert process_trees([None]) == set()
 
 
-def test_a_reused_pid_and_a_cycle_are_read_as_psutil_reads_them(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_reused_pid_and_a_cycle_are_read_as_psutil_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """A table read while pids were reused: a "child" older than its root is another process that
     took a dead child's pid (left out, with what it started), and parents that point at each other
     end the walk rather than loop."""
