@@ -29,7 +29,7 @@ from computegroups.daemon.core.workers import (
     watcher_key,
 )
 from computegroups.daemon.model.enums import ComponentState, Role
-from computegroups.daemon.model.errors import BadRequest, Forbidden, NotFound
+from computegroups.daemon.model.errors import BadRequest, Conflict, Forbidden, NotFound
 from computegroups.daemon.model.refs import uses
 from computegroups.daemon.model.requests import reserved_env
 from computegroups.daemon.supervision.worklogs import read_worker_log
@@ -98,6 +98,12 @@ class Queries(ManagerBase):
         """
         comp = component_or_404(self.doc, name)
         check_owner(caller, comp.owner_uid, f"component {name!r}")
+        # An empty CUDA_VISIBLE_DEVICES would send `eval "$(cgctl env NAME)"` on to run on no GPU.
+        if comp.state == ComponentState.PENDING:
+            raise Conflict(f"{name!r} is queued and holds no devices yet: its variables exist once it is "
+                           "placed (`cgctl list` shows its turn)")
+        if comp.state in FINISHED:
+            raise Conflict(f"{name!r} has ended ({comp.state}) and holds no devices any more")
         if not 0 <= replica < comp.replicas:
             raise NotFound(f"{name!r} has replicas 0..{comp.replicas - 1}, not {replica}")
         worker = self.doc.workers.get(replica_ref(name, replica))

@@ -248,6 +248,16 @@ def test_release_of_several_names_checks_them_all_first(cgd: Cgd) -> None:
     assert ok(cgd, "release", "c-user", "c").startswith("released c-user, c")
 
 
+def test_env_is_refused_for_a_component_without_devices(cgd: Cgd) -> None:
+    """`eval "$(cgctl env NAME)"` must not go on with an empty CUDA_VISIBLE_DEVICES."""
+    ok(cgd, "allocate", "hog", "--gpus", "8")
+    ok(cgd, "allocate", "queued", "--gpus", "1", "--detach", "--", "true")
+    assert "'queued' is queued and holds no devices yet" in refused(cgd, "env", "queued")
+    ok(cgd, "release", "hog")
+    wait_for(lambda: components(cgd)["queued"]["state"] == "completed")
+    assert "'queued' has ended (completed)" in refused(cgd, "env", "queued")
+
+
 def test_share_with_uses_the_same_devices(cgd: Cgd) -> None:
     first = ok_json(cgd, "allocate", "a", "--memory", "20GiB")
     second = ok_json(cgd, "allocate", "b", "--share-with", "a")
