@@ -40,7 +40,9 @@ def release(names: tuple[str, ...], everything: bool, stop_timeout: float | None
     you may not release, leaves the others running. On a terminal it shows
     what it waits for while the workers stop.
     """
-    if bool(names) == everything:
+    if names and everything:
+        raise click.UsageError("name the components to release, or give --all, not both")
+    if not names and not everything:
         raise click.UsageError("name the components to release, or give --all")
     if everything and stop_timeout is not None:
         raise click.UsageError("--stop-timeout applies to named components: name them")

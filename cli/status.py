@@ -42,6 +42,9 @@ def status(watch: bool, interval: float, long_: bool) -> None:
     """One line per GPU: utilisation, memory used (measured) against memory
     claimed, temperature, and who is on it in which state; then a summary,
     the alerts, the queue, what restarts and the jobs that ended."""
+    source = click.get_current_context().get_parameter_source("interval")
+    if not watch and source is click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--interval is how often --watch redraws: give --watch too")
     cgd = client()
     if watch and not json_wanted() and sys.stdout.isatty() and sys.stdin.isatty():
         _watch(cgd, interval, long_)

@@ -45,6 +45,7 @@ from computegroups.daemon.deployments.ops import Deployments
 from computegroups.daemon.model.config import DaemonConfig
 from computegroups.daemon.model.errors import ManagerError
 from computegroups.daemon.model.refs import ReplicaRef
+from computegroups.daemon.model.words import plural
 from computegroups.daemon.paths import UnsafeDirectory, cgd_runtime_dir, own_dir
 from computegroups.daemon.supervision import cgroups
 from computegroups.daemon.supervision.cgroups import Tracking, TrackingUnavailable, choose_tracking
@@ -312,9 +313,9 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self.tasks += [loop.create_task(self._watchdog()), loop.create_task(self._rotate_logs())]
         log.info(
-            "cgd ready on %s: %d GPUs (%s), state %s generation %d; adopted %d workers, started %d",
-            opts.socket, len(machine.gpus), machine.source, opts.state_dir, keeper.doc.generation,
-            len(report.adopted), len(report.started),
+            "cgd ready on %s: %s (%s), state %s generation %d; adopted %s, started %d",
+            opts.socket, plural(len(machine.gpus), "GPU"), machine.source, opts.state_dir, keeper.doc.generation,
+            plural(len(report.adopted), "worker"), len(report.started),
         )
         sdnotify.notify("READY=1")
         sdnotify.notify(f"STATUS=serving {len(machine.gpus)} GPUs on {opts.socket}")

@@ -25,7 +25,9 @@ from computegroups.statefiles.store import StateStore
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m computegroups.statefiles",
                                      description="Print the current state of a state directory as JSON.")
-    parser.add_argument("directory", nargs="?", help="the state directory (default: cgd's)")
+    parser.add_argument("directory", nargs="?",
+                        help="the state directory (default: $CG_STATE_DIR, else the default of your mode, "
+                             "as cgd without --state-dir)")
     parser.add_argument("--generation", action="store_true", help="print only the generation")
     args = parser.parse_args(argv)
     notes = logging.StreamHandler(sys.stderr)
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     logger.addHandler(notes)
     logger.setLevel(logging.INFO)
     store = StateStore(resolve_state_dir(args.directory))
+    if args.directory is None:  # a cgd started with --state-dir keeps its state elsewhere: say which one this is
+        logger.info("the state in %s", store.directory)
     if not store.directory.is_dir():
         print(f"python -m computegroups.statefiles: no state directory at {store.directory}", file=sys.stderr)
         return 1

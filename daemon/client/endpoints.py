@@ -85,7 +85,9 @@ class Endpoints(ABC, Generic[R]):
         return self.send(Request("DELETE", _with_query(f"/v1/components/{_seg(name)}", stop_timeout=timeout)))
 
     def release_components(self, names: list[str], stop_timeout: float | None = None) -> R:
-        """Several components in one request: cgd checks every name before it releases any."""
+        """Components and reservations in one request: cgd checks every name before it releases any."""
+        if not names:
+            raise ValueError("release_components: name at least one component or reservation")
         timeout = None if stop_timeout is None else f"{stop_timeout:g}"
         query = urlencode([("name", n) for n in names] + ([("stop_timeout", timeout)] if timeout else []))
         return self.send(Request("DELETE", f"/v1/components?{query}"))

@@ -288,3 +288,11 @@ def test_daemon_down_for_every_command(tmp_path: Path) -> None:
         assert result.exit_code == 1, args
         assert result.stderr == (f"cgctl: error: cgd is not running (no socket at {missing}): "
                                  "start it with `cgd` or `systemctl start computegroups`\n"), args
+
+
+def test_options_that_mean_nothing_together_are_refused(cgd: FakeCgd) -> None:
+    for args, message in ((("status", "--interval", "2"), "give --watch too"),
+                          (("release", "--all", "web"), "or give --all, not both")):
+        result = cgctl(*args)
+        assert result.exit_code == 2 and message in result.stderr, result.stderr
+    assert cgd.sent() == []

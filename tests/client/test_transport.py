@@ -111,3 +111,11 @@ def test_socket_follows_cg_socket(monkeypatch: pytest.MonkeyPatch, sock_path: Pa
     monkeypatch.setenv("CG_SOCKET", str(sock_path))
     assert CgdClient().socket_path == sock_path
     assert CgdClient("/elsewhere.sock").socket_path == Path("/elsewhere.sock")
+
+
+def test_releasing_no_names_is_a_value_error_before_anything_is_sent() -> None:
+    from computegroups.daemon.client.sync import CgdClient
+
+    with pytest.raises(ValueError, match="at least one"):
+        CgdClient("/nonexistent.sock").release_components([])
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,12 @@ def test_a_torn_last_entry_is_left_out_with_a_note(journaled: StateStore) -> Non
     assert done.returncode == 0 and done.stdout == "1\n"
     assert "ends in an incomplete entry" in done.stderr and str(journaled.journal_path) in done.stderr
     assert journaled.journal_path.read_bytes().endswith(b'"dra'), "a reader writes nothing"
+
+
+def test_without_a_directory_it_says_which_state_it_read(journaled: StateStore) -> None:
+    commit(journaled, populated_doc())
+    done = subprocess.run([sys.executable, "-m", "computegroups.statefiles", "--generation"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "CG_STATE_DIR": str(journaled.directory)})
+    assert done.returncode == 0 and done.stdout == "1\n", done.stderr
+    assert done.stderr == f"python -m computegroups.statefiles: the state in {journaled.directory}\n"
+    assert dump(str(journaled.directory), "--generation").stderr == ""
