@@ -106,7 +106,7 @@ class InstanceLock:
             raise StartupError(f"cgd already runs as pid {pid} for {self.state_dir}") from None
         self._fd = fd
         self.pid_file.unlink(missing_ok=True)
-        out = os.open(self.pid_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        out = os.open(self.pid_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(out, "w") as fh:
             fh.write(f"{os.getpid()}\n")
 

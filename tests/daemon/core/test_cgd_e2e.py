@@ -159,6 +159,8 @@ def test_second_daemon_on_same_state_is_refused(start_cgd, cgd: Cgd) -> None:
     )
     assert second.returncode != 0
     assert f"cgd already runs as pid {cgd.pid} for {cgd.state_dir}" in second.stderr
+    modes = {p.name: p.stat().st_mode & 0o777 for p in cgd.state_dir.iterdir() if p.is_file()}
+    assert "cgd.pid" in modes and set(modes.values()) == {0o600}, modes  # as docs/state-files.md says
 
 
 def test_while_cgd_runs_no_other_process_writes_its_state(cgd: Cgd) -> None:
