@@ -200,10 +200,10 @@ LIST_STEPS: tuple[Step, ...] = (("shrink", 6, 24), ("shrink", 0, 20), ("shrink",
                                 ("shrink", 0, 12))
 """How `cgctl get` fits: the file's path narrows first (keeping its start and its file name), then
 long names and owners; the counts stay."""
-GROUP_STEPS: tuple[Step, ...] = (("shrink", 3, 16), ("shrink", 1, 10), ("shrink", 0, 24), ("shrink", 4, 10),
-                                 ("drop", 2, 0), ("shrink", 0, 16), ("shrink", 3, 10))
+GROUP_STEPS: tuple[Step, ...] = (("shrink", 3, 16), ("shrink", 1, 10), ("shrink", 0, 24), ("shrink", 0, 16),
+                                 ("shrink", 3, 10), ("drop", 2, 0), ("shrink", 4, 10))
 """How the tree's group table fits: owners and claims narrow before the ids (which tell the groups
-apart), then SCOPE goes."""
+apart, shortened in the middle), then SCOPE goes; the devices are cut last."""
 
 
 def list_text(deployments: Sequence[Doc], width: int = WIDTH) -> list[str]:
