@@ -66,7 +66,7 @@ def holds(g: Doc) -> str:
 @click.option("--model", metavar="GLOB", help="Only groups on GPUs of this model.")
 @click.option("--pool", help="Only groups inside this pool.")
 @click.option("--uuid", help="Only groups on this GPU-/MIG- UUID.")
-@click.option("--owner", help="Only groups of this owner (component, reservation, @UID).")
+@click.option("--owner", help="Only groups of this owner (component, reservation, @LOGIN or @UID).")
 @click.option("--deployment", help="Only groups of this deployment.")
 def list_groups(**filters: Any) -> None:
     """Groups with their devices, owner and users."""
@@ -92,7 +92,7 @@ def groups_text(groups: list[Doc], width: int = WIDTH) -> list[str]:
 
 
 def group_row(g: Doc) -> list[str]:
-    owner = f"{g['owner']} ({g['deployment']})" if g.get("deployment") else g["owner"]
+    owner = f"{g['owner']} ({g['deployment']})" if g.get("deployment") else _login(g["owner"])
     users = sorted({u.rsplit("/", 1)[0] for u in g.get("users") or []})
     shown = ",".join(users[:2]) + (f" +{len(users) - 2}" if len(users) > 2 else "")
     gpus = holds(g).removeprefix("GPU ").replace("no device", "-")
@@ -143,3 +143,17 @@ def drain(group_id: str, undrain: bool) -> None:
         emit_json(g)
         return
     emit_lines([f"group {group_id} {g['state']}"])
+
+
+def _login(owner: str) -> str:
+    """A group made on its own is its maker's, `@UID` in the state: shown as `@LOGIN`, which
+    `--owner` takes too, as `cgctl list` names people by login."""
+    import pwd
+
+    if not (owner.startswith("@") and owner[1:].isdigit()):
+        return owner
+    try:
+        return f"@{pwd.getpwuid(int(owner[1:])).pw_name}"
+    except KeyError:
+        return owner
+

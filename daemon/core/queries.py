@@ -60,10 +60,12 @@ class Queries(ManagerBase):
         `model` is a glob over the GPU model of any of the group's devices; `pool`
         keeps groups whose devices all lie in that pool; `uuid` is a `GPU-` or
         `MIG-` UUID of one of its devices; `owner` the owner as the group names it
-        (a component, a reservation, a deployment path, `@UID`).
+        (a component, a reservation, a deployment path, `@UID` or `@LOGIN`).
         """
         machine = self.keeper.machine
         pools = self.config.allocator.pools
+        if owner is not None and owner.startswith("@") and not owner[1:].isdigit():
+            owner = f"@{_uid_of(owner[1:])}"  # `@alice`, as `cgctl group list` shows a group made on its own
         if pool is not None and pool not in pools:
             raise BadRequest(f"pool: unknown pool {pool!r} (pools: {', '.join(sorted(pools)) or 'none configured'})")
         out = []
@@ -148,3 +150,13 @@ def _gpu_name(machine: Machine, index: int) -> str:
         return machine.gpu(index).name
     except KeyError:  # a lost group's GPU is gone: it has no model any more
         return ""
+
+
+def _uid_of(login: str) -> int:
+    import pwd
+
+    try:
+        return pwd.getpwnam(login).pw_uid
+    except KeyError:
+        raise BadRequest(f"owner: no user named {login!r}") from None
+

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pwd
 import sys
 from pathlib import Path
 
@@ -42,7 +44,13 @@ def test_components_attach_to_a_created_group_by_id(cgd: Cgd) -> None:
     ok(cgd, "allocate", "a", "--group", gid, "--replicas", "2", "--", sys.executable, "-c", SLEEPER)
     ok(cgd, "allocate", "b", "--group", gid, "--", sys.executable, "-c", SLEEPER)
     _, group = cgd.request("GET", f"/v1/groups/{gid}")
-    assert group["users"] == ["a/0", "a/1", "b/0"] and group["owner"].startswith("@")
+    assert group["users"] == ["a/0", "a/1", "b/0"] and group["owner"] == f"@{os.getuid()}"
+    login = pwd.getpwuid(os.getuid()).pw_name
+    listed = ok(cgd, "group", "list", "--owner", f"@{login}").splitlines()
+    assert len(listed) == 2 and listed[1].split()[:4] == [gid, "allocated", str(group["devices"][0]["index"]) +
+                                                         "[2GiB/20%]", f"@{login}"], listed
+    assert ok(cgd, "group", "list", "--owner", f"@{os.getuid()}").splitlines() == listed
+    assert "owner: no user named 'nobody-here'" in refused(cgd, "group", "list", "--owner", "@nobody-here")
     (gpu,) = {d["index"] for d in group["devices"]}
     _, status = cgd.request("GET", "/v1/status")
     assert status["gpus"][gpu]["memory_allocated_mib"] == 2048, "one group: its capacity counted once"
