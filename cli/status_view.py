@@ -348,6 +348,36 @@ class Board(NamedTuple):
         return len({o.user for g in self.gpus for o in self.on(g) if o.user}) > 1
 
 
+HOLDS_NOTHING = ("pending", "completed", "failed", "timeout")
+"""Component states in which a component holds no CPUs (queued, or ended and given them back)."""
+
+
+def cpu_only(board: Board) -> list[tuple[Occupant, int]]:
+    """The components that hold CPUs and no device, with how many CPUs: no GPU line names them,
+    so without this a CPU-only job shows nowhere but in the counts."""
+    found = []
+    for c in board.components.values():
+        replicas = [r for r in c.get("replicas") or [] if not r.get("devices") and r.get("cpus")]
+        if not replicas or c.get("state") in HOLDS_NOTHING:
+            continue
+        state = min((str(r.get("state") or c.get("state")) for r in replicas), key=_rank)
+        found.append((Occupant(str(c["name"]), _user(c), state, None), sum(int(r["cpus"]) for r in replicas)))
+    return sorted(found, key=lambda f: (_rank(f[0].state), f[0].name))
+
+
+def cpu_line(board: Board, width: int, style: Style) -> list[str]:
+    """`CPU only: 12 CPUs  prep:run etl:held`, under the GPU lines; none when no one holds CPUs alone."""
+    found = cpu_only(board)
+    if not found:
+        return []
+    total = sum(n for _, n in found)
+    head = f"CPU only: {total} CPU{'s' if total != 1 else ''}"
+    users = board.shared
+    tokens = [(label, style(label, fg=state_colour(o.state))) for o, _ in found
+              for label in [occupant_label(o, users)]]
+    return [head + _fit_tokens(tokens, width - len(head) - 2, prefix="  ")]
+
+
 def gpu_lines(board: Board, width: int, style: Style) -> list[str]:
     gpus = board.gpus
     label_width = max([3, *(len(str(g["index"])) for g in gpus)])
@@ -479,9 +509,10 @@ def clip(text: str, width: int) -> str:
 
 
 def status_lines(board: Board, style: Style, width: int = WIDTH) -> list[str]:
-    """`cgctl status`: the state loss warning if any, one line per GPU, the summary, what wants a look."""
+    """`cgctl status`: the state loss warning if any, one line per GPU, a line for the components
+    on CPUs alone, the summary, what wants a look."""
     lines = [*state_loss_lines(board.status.get("state_loss") or [], style), *gpu_lines(board, width, style),
-             "", *summary_lines(board, width), *tail_lines(board, width, style)]
+             *cpu_line(board, width, style), "", *summary_lines(board, width), *tail_lines(board, width, style)]
     return [clip(text, width) for text in lines]
 
 

@@ -23,7 +23,7 @@ from computegroups.cli.status_view import (
     summary,
     summary_lines,
 )
-from tests.cli.samples import busy_machine, gpu, measured, owned, replica
+from tests.cli.samples import busy_machine, gpu, measured, owned, replica, with_cpu_only
 
 plain = styler(False)
 
@@ -319,3 +319,20 @@ def test_a_marked_gpu_still_names_who_is_on_it_shortened() -> None:
     found = rows(gpu_lines(Board.of(status, [], []), 80, plain))
     assert found["0"].endswith("  DRAINED trainer-wi...ng-name:- +1") and len(found["0"]) == 80  # was `DRAINED +2`
     assert found["1"].endswith("  DRAINED trainer-wit...long-name:-") and len(found["1"]) == 80
+
+
+def test_components_on_cpus_alone_have_a_line_under_the_gpus() -> None:
+    lines = status_lines(Board.of(*with_cpu_only()), plain)
+    gpus_end = lines.index("")
+    assert lines[gpus_end - 1] == "CPU only: 8 CPUs  bob/etl:run ada/prep:held", lines
+    assert not any("later-cpu" in line or "done" in line for line in lines[:gpus_end])
+    assert not any(line.startswith("CPU only") for line in status_lines(board(), plain))
+    narrow = status_lines(Board.of(*with_cpu_only()), plain, 40)
+    assert "CPU only: 8 CPUs  bob/etl:run +1" in narrow
+
+
+@given(st.integers(min_value=1, max_value=160))
+def test_the_cpu_line_fits_any_width(width: int) -> None:
+    lines = status_lines(Board.of(*with_cpu_only()), plain, width)
+    assert all(len(line) <= width for line in lines)
+    assert width < 20 or any(line.startswith("CPU only: 8 CPUs") for line in lines)
