@@ -28,6 +28,7 @@ import click
 
 from computegroups.cli.render import Doc, Json, Style, glance_lines, shorten, size, state_loss_lines
 from computegroups.cli.terminal import WIDTH
+from computegroups.topology.names import VENDOR_WORDS
 
 STATE_WORDS = {"running": "run", "starting": "start", "allocated": "held", "reservation": "reserved",
                "own group": "group"}
@@ -36,7 +37,6 @@ SEVERITY = ("failed", "lost", "degraded", "timeout", "restarting", "starting", "
             "shadow", "completed", "reservation", "own group", "pending")
 """Which occupants a GPU line names first: what needs a look, then what works, then what only holds."""
 ALERT_STATES = ("restarting", "failed", "degraded", "lost", "timeout")
-VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
 FORM_FACTOR = re.compile(r"^(sxm\d*|pcie|hbm\d*e?|nvl|nvlink)$", re.IGNORECASE)
 MODEL_WIDTH = 9
 BAR_CELLS = 8

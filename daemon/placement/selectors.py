@@ -2,17 +2,16 @@
 
 DRA selects devices by their attributes and capacity with CEL expressions;
 a claim here names the few that matter on one box: the model (a glob over
-NVML's name), a minimum total memory and a minimum compute capability. They
-narrow the GPUs a claim may use before any search runs, like `pool` and
-`gpu_ids` do.
+NVML's name, its vendor words optional: topology/names.py), a minimum
+total memory and a minimum compute capability. They narrow the GPUs a
+claim may use before any search runs, like `pool` and `gpu_ids` do.
 """
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
-
 from computegroups.daemon.model.claims import Claim
 from computegroups.topology.model import Gpu, Machine
+from computegroups.topology.names import model_matches
 
 
 def has_selectors(claim: Claim) -> bool:
@@ -27,7 +26,7 @@ def selected(machine: Machine, claim: Claim) -> frozenset[int] | None:
 
 
 def matches(gpu: Gpu, claim: Claim) -> bool:
-    if claim.model is not None and not fnmatchcase(gpu.name.lower(), claim.model.lower()):
+    if claim.model is not None and not model_matches(gpu.name, claim.model):
         return False
     if claim.min_memory_mib is not None and (gpu.memory_mib or 0) < claim.min_memory_mib:
         return False
