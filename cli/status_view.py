@@ -366,7 +366,7 @@ def cpu_only(board: Board) -> list[tuple[Occupant, int]]:
 
 
 def cpu_line(board: Board, width: int, style: Style) -> list[str]:
-    """`CPU only: 12 CPUs  prep:run etl:held`, under the GPU lines; none when no one holds CPUs alone."""
+    """`CPU only: 12 CPUs  prep:run etl:held`: who holds CPUs alone; no line when no one does."""
     found = cpu_only(board)
     if not found:
         return []
@@ -490,8 +490,9 @@ def summary_lines(board: Board, width: int) -> list[str]:
 
 
 def tail_lines(board: Board, width: int, style: Style) -> list[str]:
-    """Under the summary: each alert on a line, lost groups, then the queue and the jobs that ended."""
-    lines = [_cut(f"  ! {a}", width) for a in summary(board)["alerts"]]
+    """Under the summary: the components on CPUs alone (no GPU line names them), each alert on a
+    line, lost groups, then the queue and the jobs that ended; the same under folded islands."""
+    lines = [*cpu_line(board, width, style), *(_cut(f"  ! {a}", width) for a in summary(board)["alerts"])]
     glance = glance_lines(board.status.get("components") or [], width)
     return [*lines, *([""] if glance else []), *glance]
 
@@ -509,10 +510,9 @@ def clip(text: str, width: int) -> str:
 
 
 def status_lines(board: Board, style: Style, width: int = WIDTH) -> list[str]:
-    """`cgctl status`: the state loss warning if any, one line per GPU, a line for the components
-    on CPUs alone, the summary, what wants a look."""
+    """`cgctl status`: the state loss warning if any, one line per GPU, the summary, what wants a look."""
     lines = [*state_loss_lines(board.status.get("state_loss") or [], style), *gpu_lines(board, width, style),
-             *cpu_line(board, width, style), "", *summary_lines(board, width), *tail_lines(board, width, style)]
+             "", *summary_lines(board, width), *tail_lines(board, width, style)]
     return [clip(text, width) for text in lines]
 
 

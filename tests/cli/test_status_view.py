@@ -22,6 +22,7 @@ from computegroups.cli.status_view import (
     status_lines,
     summary,
     summary_lines,
+    tail_lines,
 )
 from tests.cli.samples import busy_machine, gpu, measured, owned, replica, with_cpu_only
 
@@ -321,12 +322,13 @@ def test_a_marked_gpu_still_names_who_is_on_it_shortened() -> None:
     assert found["1"].endswith("  DRAINED trainer-wit...long-name:-") and len(found["1"]) == 80
 
 
-def test_components_on_cpus_alone_have_a_line_under_the_gpus() -> None:
+def test_components_on_cpus_alone_have_a_line_under_the_summary() -> None:
     lines = status_lines(Board.of(*with_cpu_only()), plain)
-    gpus_end = lines.index("")
-    assert lines[gpus_end - 1] == "CPU only: 8 CPUs  bob/etl:run ada/prep:held", lines
-    assert not any("later-cpu" in line or "done" in line for line in lines[:gpus_end])
+    cpu_at = lines.index("CPU only: 8 CPUs  bob/etl:run ada/prep:held")
+    assert lines.index("") < cpu_at < next(n for n, line in enumerate(lines) if line.startswith("  ! ")), lines
+    assert not any(line.startswith("CPU only") and ("later-cpu" in line or "done" in line) for line in lines)
     assert not any(line.startswith("CPU only") for line in status_lines(board(), plain))
+    assert tail_lines(Board.of(*with_cpu_only()), 80, plain)[0] == lines[cpu_at], "folded islands show it too"
     narrow = status_lines(Board.of(*with_cpu_only()), plain, 40)
     assert "CPU only: 8 CPUs  bob/etl:run +1" in narrow
 
