@@ -9,6 +9,8 @@ claim may use before any search runs, like `pool` and `gpu_ids` do.
 
 from __future__ import annotations
 
+import re
+
 from computegroups.daemon.model.claims import Claim
 from computegroups.topology.model import Gpu, Machine
 from computegroups.topology.names import model_matches
@@ -55,3 +57,16 @@ def gpu_kinds(machine: Machine) -> str:
     kinds = sorted({(g.name, g.memory_mib or 0, g.compute_capability) for g in machine.gpus})
     return ", ".join(f"{name} ({mib // 1024}GiB, {'.'.join(map(str, cc)) if cc else 'unknown'})"
                      for name, mib, cc in kinds) or "no GPU"
+
+
+def model_hint(machine: Machine, claim: Claim) -> str:
+    """`; did you mean '*A100*80GB*'?`: a glob near the claim's that a GPU of the machine matches
+    (its words with `*` around them, then between them too: the model as `cgctl status` shows it
+    is NVML's name with words left out), or nothing."""
+    if claim.model is None:
+        return ""
+    words = [w for w in re.split(r"[\s*]+", claim.model) if w]
+    for glob in ("*" + " ".join(words) + "*", "*" + "*".join(words) + "*"):
+        if words and glob != claim.model and any(model_matches(g.name, glob) for g in machine.gpus):
+            return f"; did you mean {glob!r}?"
+    return ""
