@@ -128,6 +128,17 @@ def cpus_label(r: Doc) -> str:
     return f"{r['cpus']} CPU{'s' if r['cpus'] != 1 else ''}" if r.get("cpus") else "-"
 
 
+def held_label(r: Doc) -> str:
+    """What a replica was given: `GPU 0,1  CUDA_VISIBLE_DEVICES=0,1`, or for a replica without a
+    device its CPUs (`4 CPUs (0-3)` where cgd binds them): a CPU-only worker is told no GPU
+    (CUDA_VISIBLE_DEVICES is empty), which is not worth a line of its own."""
+    devices = r.get("devices") or []
+    if devices:
+        return f"GPU {devices_label(devices)}  CUDA_VISIBLE_DEVICES={r.get('cuda_visible_devices') or ''}"
+    binding = r.get("cpu_binding")
+    return cpus_label(r) + (f" ({binding})" if binding and r.get("cpus") else "")
+
+
 def owner_name(c: Doc) -> str:
     owner = c.get("owner") or {}
     return str(owner.get("user") or owner.get("uid", "?")) if isinstance(owner, Mapping) else str(owner)
@@ -141,9 +152,8 @@ def component_text(c: Doc, verb: str, explain: bool = False, width: int = WIDTH)
                  width)
     for r in replicas:
         pids = ",".join(str(p) for p in r.get("pids") or []) or "-"
-        lines += wrap(
-            f"  {r['index']}  {r.get('group') or '-'}  {r.get('role')}  GPU {devices_label(r.get('devices') or [])}"
-            f"  CUDA_VISIBLE_DEVICES={r.get('cuda_visible_devices') or ''}  pids {pids}", width, indent="     ")
+        lines += wrap(f"  {r['index']}  {r.get('group') or '-'}  {r.get('role')}  {held_label(r)}  pids {pids}",
+                      width, indent="     ")
     if explain:
         lines += wrap(f"why: {c.get('explanation') or 'cgd gave no explanation'}", width, indent="     ")
     return lines

@@ -35,6 +35,7 @@ from computegroups.cli.render import (
 from computegroups.cli.status_view import (
     Board,
     clip,
+    cpu_only,
     gpu_cells,
     mark_colour,
     marks,
@@ -58,7 +59,8 @@ GROUP_STEPS = (("shrink", 3, 16), ("shrink", 0, 16), ("drop", 1, 0), ("shrink", 
 
 def long_lines(board: Board, style: Style, width: int = WIDTH) -> list[str]:
     """The state loss warning if any, a count of the GPUs, a block per GPU, the lost groups, the
-    groups made on their own, then the components worth a look; nothing wider than `width`."""
+    groups made on their own, the components on CPUs alone, then the components worth a look;
+    nothing wider than `width`."""
     gpus = board.gpus
     busy = sum(1 for g in gpus if g.get("groups"))
     drained = sum(1 for g in gpus if g.get("drained"))
@@ -74,6 +76,7 @@ def long_lines(board: Board, style: Style, width: int = WIDTH) -> list[str]:
         lines += ["", style("LOST", fg="red", bold=True) + " groups whose devices vanished:",
                   *_rows(rows, width, (("shrink", 0, 16), ("shrink", 1, 10), ("shrink", 2, 8)))]
     lines += own_group_lines(board, width)
+    lines += cpu_only_lines(board, style, width)
     glance = glance_lines(board.status.get("components") or [], width)
     if glance:
         lines += ["", *glance]
@@ -157,6 +160,18 @@ def own_group_lines(board: Board, width: int) -> list[str]:
     title = ["groups", "made", "on", "their", "own", "(`cgctl group create`):"]
     return ["", *flow([(w, w) for w in title], width, "", "  "),
             *_rows(rows, width, GROUP_STEPS, middle=(0,), header=["GROUP", "STATE", "DEVICES", "USED BY"])]
+
+
+def cpu_only_lines(board: Board, style: Style, width: int) -> list[str]:
+    """The components that hold CPUs and no GPU (no GPU block names them): `prep:run (4 CPUs),`."""
+    users = board.shared
+    words: list[list[Word]] = []
+    for o, n in cpu_only(board):
+        label, cpus = occupant_label(o, users), f"({n} CPU{'s' if n != 1 else ''})"
+        words.append([(label, style(label, fg=state_colour(o.state))), (cpus, cpus)])
+    if not words:
+        return []
+    return ["", *flow([w for each in _ended(words, ",") for w in each], width, "CPU only: ", "          ")]
 
 
 def _rows(rows: Sequence[Sequence[str]], width: int, steps: Sequence[tuple[str, int, int]],

@@ -28,6 +28,7 @@ import click
 
 from computegroups.cli.render import Doc, Json, Style, glance_lines, shorten, size, state_loss_lines
 from computegroups.cli.terminal import WIDTH
+from computegroups.topology.names import VENDOR_WORDS
 
 STATE_WORDS = {"running": "run", "starting": "start", "allocated": "held", "reservation": "reserved",
                "own group": "group"}
@@ -36,7 +37,6 @@ SEVERITY = ("failed", "lost", "degraded", "timeout", "restarting", "starting", "
             "shadow", "completed", "reservation", "own group", "pending")
 """Which occupants a GPU line names first: what needs a look, then what works, then what only holds."""
 ALERT_STATES = ("restarting", "failed", "degraded", "lost", "timeout")
-VENDOR_WORDS = {"nvidia", "tesla", "geforce", "quadro"}
 FORM_FACTOR = re.compile(r"^(sxm\d*|pcie|hbm\d*e?|nvl|nvlink)$", re.IGNORECASE)
 MODEL_WIDTH = 9
 BAR_CELLS = 8
@@ -348,6 +348,36 @@ class Board(NamedTuple):
         return len({o.user for g in self.gpus for o in self.on(g) if o.user}) > 1
 
 
+HOLDS_NOTHING = ("pending", "completed", "failed", "timeout")
+"""Component states in which a component holds no CPUs (queued, or ended and given them back)."""
+
+
+def cpu_only(board: Board) -> list[tuple[Occupant, int]]:
+    """The components that hold CPUs and no device, with how many CPUs: no GPU line names them,
+    so without this a CPU-only job shows nowhere but in the counts."""
+    found = []
+    for c in board.components.values():
+        replicas = [r for r in c.get("replicas") or [] if not r.get("devices") and r.get("cpus")]
+        if not replicas or c.get("state") in HOLDS_NOTHING:
+            continue
+        state = min((str(r.get("state") or c.get("state")) for r in replicas), key=_rank)
+        found.append((Occupant(str(c["name"]), _user(c), state, None), sum(int(r["cpus"]) for r in replicas)))
+    return sorted(found, key=lambda f: (_rank(f[0].state), f[0].name))
+
+
+def cpu_line(board: Board, width: int, style: Style) -> list[str]:
+    """`CPU only: 12 CPUs  prep:run etl:held`: who holds CPUs alone; no line when no one does."""
+    found = cpu_only(board)
+    if not found:
+        return []
+    total = sum(n for _, n in found)
+    head = f"CPU only: {total} CPU{'s' if total != 1 else ''}"
+    users = board.shared
+    tokens = [(label, style(label, fg=state_colour(o.state))) for o, _ in found
+              for label in [occupant_label(o, users)]]
+    return [head + _fit_tokens(tokens, width - len(head) - 2, prefix="  ")]
+
+
 def gpu_lines(board: Board, width: int, style: Style) -> list[str]:
     gpus = board.gpus
     label_width = max([3, *(len(str(g["index"])) for g in gpus)])
@@ -460,8 +490,9 @@ def summary_lines(board: Board, width: int) -> list[str]:
 
 
 def tail_lines(board: Board, width: int, style: Style) -> list[str]:
-    """Under the summary: each alert on a line, lost groups, then the queue and the jobs that ended."""
-    lines = [_cut(f"  ! {a}", width) for a in summary(board)["alerts"]]
+    """Under the summary: the components on CPUs alone (no GPU line names them), each alert on a
+    line, lost groups, then the queue and the jobs that ended; the same under folded islands."""
+    lines = [*cpu_line(board, width, style), *(_cut(f"  ! {a}", width) for a in summary(board)["alerts"])]
     glance = glance_lines(board.status.get("components") or [], width)
     return [*lines, *([""] if glance else []), *glance]
 

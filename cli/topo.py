@@ -115,11 +115,22 @@ def topo_text(machine: Machine, width: int = 80, matrix: bool = False) -> list[s
     lines.append("")
     islands = " ".join("{" + format_ranges(i) + "}" for i in machine.nvlink_islands)
     lines.extend(wrap(f"NVLink islands: {islands}", width))
-    switched = format_ranges(g.index for g in machine.gpus if g.nvswitch_links)
-    lines.extend(wrap(f"NVSwitch: {'yes, GPUs ' + switched if machine.has_nvswitch else 'no'}", width))
+    lines.extend(wrap(f"NVSwitch: {_fabrics(machine)}", width))
     lines.extend(wrap("NUMA nodes: " + _numa_summary(machine), width))
     lines.extend(_lost(machine, width))
     return lines
+
+
+def _fabrics(machine: Machine) -> str:
+    """`2 fabrics, GPUs 0-7 and 8-15`: each NVSwitch fabric by its GPUs (in braces when one is
+    not a single range, so its commas do not read as the list's), or `no`."""
+    names = [format_ranges(f) for f in machine.nvswitch_fabrics]
+    if not names:
+        return "no"
+    if any("," in name for name in names):
+        names = ["{" + name + "}" for name in names]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{len(names)} fabric{'s' if len(names) > 1 else ''}, GPUs {listed}"
 
 
 def _gpu_table(machine: Machine, width: int) -> list[str]:

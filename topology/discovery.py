@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
-from computegroups.topology.model import Gpu, Link, LostGpu, Machine, MigDevice, PcieLevel
+from computegroups.topology.model import Gpu, Link, LostGpu, Machine, MigDevice, PcieLevel, components
 from computegroups.topology.nvml import (
     UNSUPPORTED,
     NVMLError,
@@ -80,7 +80,8 @@ def discover(gateway: NvmlGateway) -> Machine:
         if (key := _bus_key(f.gpu.pci_bus_id)) is not None:
             lost_buses.add(key)
 
-    nvlinks, switch_links = _nvlinks(gateway, found, lost_buses)
+    nvlinks, switches = _nvlinks(gateway, found, lost_buses)
+    switch_links = {g: sum(c.values()) for g, c in switches.items()}
     gpus = tuple(replace(f.gpu, nvswitch_links=switch_links.get(f.gpu.index, 0)) for f in found)
     links = tuple(
         Link(a.index, b.index, nvlinks.get((a.index, b.index), 0), pcie.get((a.index, b.index)))
@@ -96,6 +97,8 @@ def discover(gateway: NvmlGateway) -> Machine:
         lost_gpus=tuple(sorted(lost, key=lambda g: g.index)),
         source=gateway.source,
         cpus=machine_cpus(gpus, simulated=gateway.source != "nvml"),
+        nvswitch_fabrics=components(tuple(sorted(switches)),
+                                    lambda a, b: bool(switches[a].keys() & switches[b].keys())),
     )
 
 
@@ -219,8 +222,8 @@ def _ports(gw: NvmlGateway, handle: Any) -> list[Port]:
 
 
 def _nvlinks(gw: NvmlGateway, found: list[_Found],
-             lost_buses: set[BusKey]) -> tuple[dict[tuple[int, int], int], dict[int, int]]:
-    """Per-pair NVLink counts and each GPU's switch links.
+             lost_buses: set[BusKey]) -> tuple[dict[tuple[int, int], int], dict[int, Counter[BusKey | None]]]:
+    """Per-pair NVLink counts, and the links of each GPU on an NVSwitch per switch.
 
     A remote of type GPU counts toward that pair; SWITCH puts the GPU on that
     switch; IBMNPU (a CPU) is ignored. Drivers that cannot tell the type
@@ -251,7 +254,7 @@ def _nvlinks(gw: NvmlGateway, found: list[_Found],
             n += sum(min(sa[s], sb[s]) for s in sa.keys() & sb.keys())
         if n:
             pairs[(a, b)] = n
-    return pairs, {g: sum(c.values()) for g, c in switches.items()}
+    return pairs, switches
 
 
 def _pcie_levels(gw: NvmlGateway,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -142,6 +143,9 @@ class Machine:
     source: str = "nvml"
     cpus: tuple[int, ...] = ()
     """The machine's logical CPUs: what CPU-only claims count against."""
+    nvswitch_fabrics: tuple[Domain, ...] = ()
+    """The GPUs behind each NVSwitch fabric (GPUs that share a switch, transitively); two fabrics
+    on one box reach each other only over PCIe, so "has NVSwitch" alone says too little."""
     _link_index: dict[tuple[int, int], Link] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
     )
@@ -188,19 +192,19 @@ class Machine:
             for g in self.gpus
         )
 
-    @cached_property
+    @property
     def has_nvswitch(self) -> bool:
-        return any(g.nvswitch_links for g in self.gpus)
+        return bool(self.nvswitch_fabrics)
 
     @cached_property
     def nvlink_islands(self) -> tuple[Domain, ...]:
         """Connected components over NVLink; a GPU without NVLink is an island of one."""
-        return _components(self.indices, lambda a, b: self.nvlinks(a, b) > 0)
+        return components(self.indices, lambda a, b: self.nvlinks(a, b) > 0)
 
     @cached_property
     def pcie_switches(self) -> tuple[Domain, ...]:
         """GPUs reachable from each other without crossing a host bridge."""
-        return _components(
+        return components(
             self.indices,
             lambda a, b: (p := self.link(a, b).pcie) is not None and p <= PcieLevel.MULTIPLE,
         )
@@ -241,7 +245,8 @@ class Machine:
         raise KeyError(f"no MIG device {uuid}")
 
 
-def _components(nodes: tuple[int, ...], joined) -> tuple[Domain, ...]:
+def components(nodes: tuple[int, ...], joined: Callable[[int, int], bool]) -> tuple[Domain, ...]:
+    """The connected components of `nodes` under `joined`, each sorted by its smallest member."""
     parent = {n: n for n in nodes}
 
     def find(n: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from computegroups.topology.model import Gpu, Link, LostGpu, Machine, MigDevice, PcieLevel
+from computegroups.topology.model import Gpu, Link, LostGpu, Machine, MigDevice, PcieLevel, components
 
 
 def machine_to_dict(machine: Machine) -> dict[str, Any]:
@@ -24,6 +24,7 @@ def machine_to_dict(machine: Machine) -> dict[str, Any]:
         "driver_version": machine.driver_version,
         "cuda_driver_version": machine.cuda_driver_version,
         "nvswitch": machine.has_nvswitch,
+        "nvswitch_fabrics": [sorted(fabric) for fabric in machine.nvswitch_fabrics],
         "gpus": [_gpu_to_dict(g) for g in machine.gpus],
         "links": [
             {"a": link.a, "b": link.b, "nvlinks": link.nvlinks,
@@ -95,4 +96,15 @@ def machine_from_dict(data: dict[str, Any]) -> Machine:
         lost_gpus=tuple(LostGpu(g["index"], g["reason"], g["uuid"]) for g in data["lost_gpus"]),
         source=data["source"],
         cpus=tuple(data.get("cpus") or ()),
+        nvswitch_fabrics=_fabrics(data, gpus, links),
     )
+
+
+def _fabrics(data: dict[str, Any], gpus: tuple[Gpu, ...], links: tuple[Link, ...]) -> tuple[frozenset[int], ...]:
+    """The fabrics as served; a cgd older than them is read the best way its document allows: the
+    GPUs on a switch, one fabric per NVLink island."""
+    if "nvswitch_fabrics" in data:
+        return tuple(frozenset(fabric) for fabric in data["nvswitch_fabrics"])
+    switched = {g.index for g in gpus if g.nvswitch_links}
+    joined = {(link.a, link.b) for link in links if link.nvlinks}
+    return components(tuple(sorted(switched)), lambda a, b: (a, b) in joined)

@@ -48,8 +48,10 @@ def state_changes(before: StateDoc, after: StateDoc, component_keys: Iterable[st
     out: list[Change] = []
     group_keys = list(group_keys)
     gpus = _gpus_by_component(after, group_keys)
+    cpus = _cpus_by_component(after, group_keys)
     for name in component_keys:
-        out += _component(before.components.get(name), after.components.get(name), gpus.get(name, set()))
+        out += _component(before.components.get(name), after.components.get(name), gpus.get(name, set()),
+                          cpus.get(name, 0))
     for ref in worker_keys:
         out += _worker(before.workers.get(ref), after.workers.get(ref), after, worker_pid)
     for gid in group_keys:
@@ -82,7 +84,25 @@ def _gpus_by_component(doc: StateDoc, group_keys: list[str]) -> dict[str, set[in
     return out
 
 
-def _component(old: ComponentRecord | None, new: ComponentRecord | None, gpu_set: set[int]) -> list[Change]:
+def _cpus_by_component(doc: StateDoc, group_keys: list[str]) -> dict[str, int]:
+    """The CPUs counted for the CPU-only groups the commit touched, by the component that owns them."""
+    out: dict[str, int] = {}
+    for gid in group_keys:
+        g = doc.groups.get(gid)
+        if g is not None and not g.devices and g.claim.cpus:
+            out[g.owner] = out.get(g.owner, 0) + g.claim.cpus
+    return out
+
+
+def _held(gpus: list[int], cpus: int) -> str:
+    """`on GPU 0,1`, or for a CPU-only component `4 CPUs`."""
+    if gpus or not cpus:
+        return f"on GPU {_list(gpus)}"
+    return f"{cpus} CPU{'s' if cpus != 1 else ''}"
+
+
+def _component(old: ComponentRecord | None, new: ComponentRecord | None, gpu_set: set[int],
+               cpus: int = 0) -> list[Change]:
     out: list[Change] = []
     placed = old is not None and new is not None and old.state == ComponentState.PENDING and new.state not in (
         ComponentState.PENDING, ComponentState.RELEASING, *ENDED)
@@ -100,7 +120,7 @@ def _component(old: ComponentRecord | None, new: ComponentRecord | None, gpu_set
                               {**what, "reason": new.pending_reason}))
         else:
             gpus = sorted(gpu_set)
-            out.append(Change("allocated", f"{new.name} allocated on GPU {_list(gpus)}", new.owner_uid,
+            out.append(Change("allocated", f"{new.name} allocated {_held(gpus, cpus)}", new.owner_uid,
                               {**what, "gpus": gpus, "replicas": new.replicas, "shadow_of": new.shadow_of,
                                "share_with": new.spec.share_with, "deployment": new.deployment}))
         return out

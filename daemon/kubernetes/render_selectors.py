@@ -7,9 +7,10 @@ as `9.0.0`) and the capacity `memory` (bytes). DRA's CEL environment has
 `matches` (RE2), `lowerAscii`, `quantity()` and `semver()` with
 `compareTo`; the driver's own examples select with exactly these.
 
-cgd matches `model` as a case-blind glob over the GPU's name; here the glob
-becomes an anchored regex over the lower-cased `productName`, so both match
-the same names.
+cgd matches `model` as a case-blind glob over the GPU's name, its vendor
+words optional (topology/names.py); here the glob becomes an anchored regex
+over the lower-cased `productName` after the same optional vendor words, so
+both match the same names.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from computegroups.daemon.model.claims import Claim
+from computegroups.topology.names import VENDOR_PREFIX
 
 DRIVER = "gpu.nvidia.com"
 ATTRIBUTES = f"device.attributes['{DRIVER}']"
@@ -108,7 +110,12 @@ def cel(expression: str) -> dict[str, Any]:
 
 
 def model_selector(glob: str) -> dict[str, Any]:
-    return cel(f"{ATTRIBUTES}.productName.lowerAscii().matches({cel_string(glob_regex(glob.lower()))})")
+    return cel(f"{ATTRIBUTES}.productName.lowerAscii().matches({cel_string(model_regex(glob))})")
+
+
+def model_regex(glob: str) -> str:
+    """The RE2 regex a lower-cased name matches when cgd's `model_matches` says the glob does."""
+    return "^" + VENDOR_PREFIX + glob_regex(glob.lower())[1:]
 
 
 def memory_selector(mib: int) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from computegroups.daemon.model.claims import AllocatorConfig, Claim
 from computegroups.daemon.model.words import plural
 from computegroups.daemon.placement.explain import colocated, domain_name, gpus_phrase, memory_text
 from computegroups.daemon.placement.records import NeverFits
-from computegroups.daemon.placement.selectors import gpu_kinds, has_selectors, selected, selector_text
+from computegroups.daemon.placement.selectors import gpu_kinds, has_selectors, model_hint, selected, selector_text
 from computegroups.daemon.placement.shares import may_use_mig
 from computegroups.daemon.placement.topo import Topo
 from computegroups.topology.model import DomainKind
@@ -46,7 +46,8 @@ def _scope(topo: Topo, config: AllocatorConfig, claim: Claim) -> list[int]:
     chosen = selected(topo.machine, claim)
     if chosen is not None:
         if not chosen:
-            raise NeverFits(f"no GPU of this machine has {selector_text(claim)} (it has {gpu_kinds(topo.machine)})")
+            raise NeverFits(f"no GPU of this machine has {selector_text(claim)} (it has {gpu_kinds(topo.machine)})"
+                            + model_hint(topo.machine, claim))
         gpus &= chosen
     return sorted(gpus)
 

@@ -150,3 +150,19 @@ def crowded_list() -> list[dict[str, Any]]:
                           "higher goes first (the first is 'eval' of root)"}),
             listed(f"{LONG_NAME}2", [3]), listed("train", [5, 6], cpus="56-111,168-223"),
             listed("web", [0]), listed("web-standby", [0])]
+
+
+def cpu_replica(index: int, cpus: int, state: str = "running") -> dict[str, Any]:
+    """A replica of a CPU-only claim: CPUs counted, no device, CUDA_VISIBLE_DEVICES empty."""
+    return {"index": index, "group": None, "groups": [], "role": "primary", "state": state, "restarts": 0,
+            "devices": [], "cuda_visible_devices": "", "cpus": cpus, "cpu_binding": None, "pids": []}
+
+
+def with_cpu_only() -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """`busy_machine` and components on CPUs alone: two holding them, one queued, one ended."""
+    doc, components, reservations = busy_machine()
+    components += [owned("etl", "running", [cpu_replica(0, 4)], user="bob"),
+                   owned("prep", "allocated", [cpu_replica(0, 2, "allocated"), cpu_replica(1, 2, "allocated")]),
+                   owned("later-cpu", "pending", [cpu_replica(0, 8, "pending")]),
+                   owned("done", "completed", [cpu_replica(0, 1, "completed")])]
+    return doc, components, reservations

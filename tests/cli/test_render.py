@@ -17,7 +17,7 @@ from computegroups.cli.render import (
     size,
     styler,
 )
-from tests.cli.samples import IN_THE_WAY, LONG_NAME, component, crowded_list, device
+from tests.cli.samples import IN_THE_WAY, LONG_NAME, component, cpu_replica, crowded_list, device
 
 plain = styler(False)
 
@@ -144,3 +144,11 @@ def test_colour_only_on_a_terminal_without_no_color(monkeypatch: pytest.MonkeyPa
     assert not colour_enabled(Tty())
     assert not colour_enabled(object())
     assert "\x1b[" in styler(True)("x", fg="red") and styler(False)("x", fg="red") == "x"
+
+
+def test_a_cpu_only_replica_says_its_cpus_and_no_gpu() -> None:
+    c = {**component("cpuonly", 1), "replicas": [{**cpu_replica(0, 4), "group": "cpuonly-0", "pids": [4242]}]}
+    assert component_text(c, "started") == ["started cpuonly: 1 replica (running)",
+                                            "  0  cpuonly-0  primary  4 CPUs  pids 4242"]
+    c["replicas"][0]["cpu_binding"] = "0-3"
+    assert component_text(c, "started")[1] == "  0  cpuonly-0  primary  4 CPUs (0-3)  pids 4242"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from computegroups.cli.render import styler
 from computegroups.cli.status_long import flow, long_lines
 from computegroups.cli.status_view import Board, status_json
-from tests.cli.samples import busy_machine, component, device, gpu, owned, replica, status
+from tests.cli.samples import busy_machine, component, device, gpu, owned, replica, status, with_cpu_only
 
 plain = styler(False)
 MIG = "MIG-bcac02b9-3c3c-566b-aec4-37e3a01f6f9f"
@@ -204,3 +204,11 @@ def test_gpus_alike_are_named_alike_when_one_needs_the_short_name() -> None:
     assert heads == ["GPU 0  H100 80GB  util -  40C  ok", "GPU 1  H100 80GB  util -  40C  FAILED  DEGRADED  DRAINED"]
     alone = long_lines(Board.of({"gpus": [gpu(0)]}, [], []), plain, 60)
     assert alone[2] == "GPU 0  NVIDIA H100 80GB HBM3  util -  40C  ok"
+
+
+def test_components_on_cpus_alone_are_listed_after_the_gpus() -> None:
+    parts = blocks(long_lines(Board.of(*with_cpu_only()), plain))
+    assert "CPU only: bob/etl:run (4 CPUs), ada/prep:held (4 CPUs)" in parts
+    assert blocks(long_lines(Board.of(*with_cpu_only()), plain, 40)).count(
+        "CPU only: bob/etl:run (4 CPUs),\n          ada/prep:held (4 CPUs)") == 1
+    assert not any(line.startswith("CPU only") for line in long_lines(Board.of(*busy_machine()), plain))

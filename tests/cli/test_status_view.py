@@ -22,8 +22,9 @@ from computegroups.cli.status_view import (
     status_lines,
     summary,
     summary_lines,
+    tail_lines,
 )
-from tests.cli.samples import busy_machine, gpu, measured, owned, replica
+from tests.cli.samples import busy_machine, gpu, measured, owned, replica, with_cpu_only
 
 plain = styler(False)
 
@@ -319,3 +320,21 @@ def test_a_marked_gpu_still_names_who_is_on_it_shortened() -> None:
     found = rows(gpu_lines(Board.of(status, [], []), 80, plain))
     assert found["0"].endswith("  DRAINED trainer-wi...ng-name:- +1") and len(found["0"]) == 80  # was `DRAINED +2`
     assert found["1"].endswith("  DRAINED trainer-wit...long-name:-") and len(found["1"]) == 80
+
+
+def test_components_on_cpus_alone_have_a_line_under_the_summary() -> None:
+    lines = status_lines(Board.of(*with_cpu_only()), plain)
+    cpu_at = lines.index("CPU only: 8 CPUs  bob/etl:run ada/prep:held")
+    assert lines.index("") < cpu_at < next(n for n, line in enumerate(lines) if line.startswith("  ! ")), lines
+    assert not any(line.startswith("CPU only") and ("later-cpu" in line or "done" in line) for line in lines)
+    assert not any(line.startswith("CPU only") for line in status_lines(board(), plain))
+    assert tail_lines(Board.of(*with_cpu_only()), 80, plain)[0] == lines[cpu_at], "folded islands show it too"
+    narrow = status_lines(Board.of(*with_cpu_only()), plain, 40)
+    assert "CPU only: 8 CPUs  bob/etl:run +1" in narrow
+
+
+@given(st.integers(min_value=1, max_value=160))
+def test_the_cpu_line_fits_any_width(width: int) -> None:
+    lines = status_lines(Board.of(*with_cpu_only()), plain, width)
+    assert all(len(line) <= width for line in lines)
+    assert width < 20 or any(line.startswith("CPU only: 8 CPUs") for line in lines)

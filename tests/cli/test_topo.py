@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 from computegroups.cli.main import cli
 from computegroups.cli.topo import topo_text
 from computegroups.topology import load_machine
+from computegroups.topology.model import Gpu, Machine
 from tests.daemon_fixture import nvml_present
 
 DGX1_NV1 = {(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)}
@@ -57,10 +58,21 @@ def test_text_has_gpus_islands_switch_and_numa() -> None:
     assert "NVIDIA H100 80GB HBM3" in out and "81559 MiB" in out and "00000000:18:00.0" in out
     assert "NV18" in out and "0-55,112-167" in out
     assert "NVLink islands: {0-7}" in out
-    assert "NVSwitch: yes, GPUs 0-7" in out
+    assert "NVSwitch: 1 fabric, GPUs 0-7" in out
     assert "NUMA nodes: 0: GPUs 0-3, CPUs 0-55,112-167; 1: GPUs 4-7, CPUs 56-111,168-223" in out
     pairs = cgctl("--simulate", "workstation-nvlink-pairs", "topo").stdout
     assert "NVLink islands: {0-1} {2-3}" in pairs and "NVSwitch: no" in pairs
+
+
+def test_each_nvswitch_fabric_is_named_by_its_gpus() -> None:
+    assert "NVSwitch: 2 fabrics, GPUs 0-7 and 8-15" in cgctl("--simulate", "two-islands-16", "topo").stdout
+    assert "NVSwitch: 3 fabrics, GPUs 0-7, 24-31 and 48-55" in cgctl("--simulate", "synthetic-72", "topo").stdout
+    doc = json.loads(cgctl("--json", "--simulate", "two-islands-16", "topo").stdout)
+    assert doc["nvswitch_fabrics"] == [list(range(8)), list(range(8, 16))]
+    gpus = tuple(Gpu(index=i, uuid=f"GPU-{i}", name="x", pci_bus_id="", memory_mib=None, cpu_affinity=(0,))
+                 for i in range(4))
+    odd = Machine("h", gpus, (), nvswitch_fabrics=(frozenset({0, 2}), frozenset({1, 3})))
+    assert "NVSwitch: 2 fabrics, GPUs {0,2} and {1,3}" in topo_text(odd)
 
 
 def test_mig_devices_are_listed() -> None:

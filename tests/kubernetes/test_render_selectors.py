@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from computegroups.daemon.kubernetes.render import render_deployment
 from computegroups.daemon.kubernetes.render_claims import claim_template_spec
-from computegroups.daemon.kubernetes.render_selectors import cel_string, glob_regex
+from computegroups.daemon.kubernetes.render_selectors import cel_string, glob_regex, model_regex
 from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.deployment import parse
+from computegroups.topology.names import model_matches
 from tests.kubernetes.render_samples import IMAGE, SELECTORS
 
 ATTRS = "device.attributes['gpu.nvidia.com']"
@@ -38,6 +39,15 @@ def test_a_model_glob_becomes_a_regex_that_matches_the_names_the_glob_matches(gl
     assert bool(re.fullmatch(glob_regex(glob), name)) == fnmatchcase(name, glob)
 
 
+@pytest.mark.filterwarnings("ignore:Possible:FutureWarning")
+@given(glob=GLOB_TEXT,
+       name=st.sampled_from(["NVIDIA H100 80GB HBM3", "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 4090"])
+       | st.text(alphabet="aAh1 0-.\\()+|$[]!^", max_size=8))
+def test_the_cel_model_regex_matches_the_names_cgd_matches(glob: str, name: str) -> None:
+    assert bool(re.fullmatch(model_regex(glob), name.lower())) == model_matches(name, glob)
+    assert re.fullmatch(model_regex("H100*"), "nvidia h100 80gb hbm3"), "the vendor words are optional in both"
+
+
 def test_the_regex_escapes_only_what_re2_allows_escaped() -> None:
     assert glob_regex("NVIDIA A100-SXM4?80GB*") == "^NVIDIA A100-SXM4.80GB.*$"
     assert glob_regex("a.b[!0-9]") == "^a\\.b[^0-9]$"
@@ -49,7 +59,7 @@ def test_selectors_are_cel_on_the_attributes_and_capacity_nvidias_driver_publish
                           "compute_capability": "8.9"})["requests"]
     assert request["exactly"]["count"] == 2
     assert expressions(request["exactly"]) == [
-        f"{ATTRS}.productName.lowerAscii().matches('^.*h100.*$')",
+        f"{ATTRS}.productName.lowerAscii().matches('^(?:(?:nvidia|tesla|geforce|quadro)[\\\\s-]+)*.*h100.*$')",
         "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0",
         f"{ATTRS}.cudaComputeCapability.compareTo(semver('8.9.0')) >= 0",
     ]

@@ -11,7 +11,7 @@ from computegroups.topology.model import Gpu, Link, Machine
 from computegroups.topology.serialize import machine_from_dict, machine_to_dict
 
 TOP_KEYS = {"hostname", "source", "driver_version", "cuda_driver_version", "nvswitch", "gpus",
-            "links", "nvlink_islands", "numa_nodes", "lost_gpus"}
+            "nvswitch_fabrics", "links", "nvlink_islands", "numa_nodes", "lost_gpus"}
 GPU_KEYS = {"index", "uuid", "name", "memory_mib", "numa_node", "pci_bus_id", "compute_capability",
             "cpu_affinity", "mig_devices"}
 
@@ -43,3 +43,11 @@ def test_unknown_pcie_is_null() -> None:
 def test_round_trip_through_json(name: str) -> None:
     machine = load_machine(name)
     assert machine_from_dict(json.loads(json.dumps(machine_to_dict(machine)))) == machine
+
+
+def test_fabrics_are_served_and_read_back_from_an_older_cgd_by_island() -> None:
+    machine = load_machine("two-islands-16")
+    doc = machine_to_dict(machine)
+    assert doc["nvswitch_fabrics"] == [list(range(8)), list(range(8, 16))]
+    del doc["nvswitch_fabrics"]  # what a cgd from before fabrics serves
+    assert machine_from_dict(doc).nvswitch_fabrics == machine.nvswitch_fabrics

@@ -18,3 +18,10 @@ def test_two_islands_16_is_shipped_with_its_two_uneven_islands() -> None:
     assert {g.name for g in m.gpus[8:]} == {"NVIDIA H100 80GB HBM3"}
     assert m.link(0, 1).pcie.label == "PIX" and m.link(0, 2).pcie.label == "NODE"
     assert m.link(0, 8).pcie.label == "SYS"
+
+
+def test_each_island_is_an_nvswitch_fabric_of_its_own() -> None:
+    m = load_machine("two-islands-16")
+    assert m.nvswitch_fabrics == (frozenset(range(8)), frozenset(range(8, 16)))
+    assert load_machine("dgx-h100").nvswitch_fabrics == (frozenset(range(8)),)
+    assert load_machine("dgx1-v100").nvswitch_fabrics == () and not load_machine("dgx1-v100").has_nvswitch

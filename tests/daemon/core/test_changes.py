@@ -7,6 +7,7 @@ import copy
 from msgspec.structs import replace
 
 from computegroups.daemon.core.changes import state_changes, touched
+from computegroups.daemon.model.claims import Claim
 from computegroups.daemon.model.enums import ComponentState, GroupState, Role
 from computegroups.statefiles import StateDoc, WorkerRecord
 from tests.statefiles.samples import UUIDS, populated_doc
@@ -80,3 +81,17 @@ def test_an_allocated_components_gpus_come_from_the_groups_its_commit_touched() 
     after.groups["web-0"] = replace(web0, users=(*web0.users, "side/0"))  # a sharer attached: touched
     found = state_changes(before, after, ["side"], [], ["web-0"], INDEX)
     assert [(c.type, c.what["gpus"]) for c in found] == [("allocated", [d.gpu_index for d in web0.devices])]
+
+
+def test_a_cpu_only_component_is_told_allocated_its_cpus_not_on_gpu_dash() -> None:
+    before = populated_doc()
+    after = copy.deepcopy(before)
+    after.components["prep"] = replace(before.components["web"], name="prep", deployment=None, created=2.0)
+    for n in range(2):
+        after.groups[f"prep-{n}"] = replace(before.groups["web-0"], id=f"prep-{n}", claim=Claim(cpus=4), devices=(),
+                                            owner="prep", users=(f"prep/{n}",), replica=n)
+    found = state_changes(before, after, ["prep"], [], ["prep-0", "prep-1"], INDEX)
+    assert [c.message for c in found] == ["prep allocated 8 CPUs"]
+    assert found[0].what["gpus"] == []
+    one = state_changes(before, after, ["prep"], [], ["prep-0"], INDEX)
+    assert [c.message for c in one] == ["prep allocated 4 CPUs"]

@@ -29,7 +29,7 @@ CMD = ("--", sys.executable, "-c", "import time\nwhile True: time.sleep(3600)")
 def test_a_machine_without_gpus_runs_components(start_cgd: Callable[..., Cgd]) -> None:
     cgd = start_cgd("cpu-only")
     out = ok(cgd, "allocate", "plain", *CMD)
-    assert "CUDA_VISIBLE_DEVICES=  pids" in out, out
+    assert "1 CPU  pids" in out and "CUDA_VISIBLE_DEVICES" not in out, out
     _, plain = cgd.request("GET", "/v1/components/plain")
     env = proc_env(plain["replicas"][0]["pids"][0])
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"

@@ -100,3 +100,19 @@ def test_a_refusal_about_several_gpus_takes_the_plural_verb() -> None:
     with pytest.raises(NeverFits, match=r"needs 1 GPU; pool 'one' has 0 GPUs for whole claims"):
         choices.place(Allocator(load_machine("dgx-a100-mig"), parse_config({"pools": {"one": [7]}}).allocator),
                       Claim(gpus=1, pool="one"), ["g"], "ada")
+
+
+def test_a_model_glob_may_leave_out_the_vendor_as_cgctl_shows_models() -> None:
+    (p,) = choices.place(allocator("two-islands-16"), Claim(gpus=2, model="H100*"), ["g"], "ada")
+    assert {d.gpu for d in p.devices} <= set(range(8, 16))
+    with pytest.raises(NeverFits, match=r"no GPU of this machine has model 'H100' \(it has NVIDIA A100-SXM4-80GB"):
+        choices.place(allocator("two-islands-16"), Claim(gpus=1, model="H100"), ["g"], "ada")
+
+
+@pytest.mark.parametrize("glob, hint", [
+    ("H100 80GB", "; did you mean '*H100 80GB*'?"), ("A100 80GB", "; did you mean '*A100*80GB*'?"),
+    ("h100", "; did you mean '*h100*'?"), ("B200", ""), ("*B200*", "")])
+def test_a_model_no_gpu_has_is_refused_with_a_glob_that_would_match(glob: str, hint: str) -> None:
+    with pytest.raises(NeverFits) as refused:
+        choices.place(allocator("two-islands-16"), Claim(gpus=1, model=glob), ["g"], "ada")
+    assert str(refused.value).endswith("NVIDIA H100 80GB HBM3 (79GiB, 9.0))" + hint)
