@@ -111,3 +111,19 @@ def test_logs_follow_goes_on_across_a_clean_restart(start_cgd, tmp_path: Path) -
     finally:
         following.terminate()
         following.wait(timeout=10)
+
+
+def test_a_request_still_running_when_cgd_stops_is_answered_stopping(start_cgd, tmp_path: Path) -> None:
+    """A release waiting out a long grace is not a wait cgd can end: once cgd's stop has waited for
+    it as long as it does (30 s), it is answered `stopping` (ask again), never an internal error."""
+    cgd = start_cgd("dgx-h100", "--keep-workers")
+    ok(cgd, "allocate", "stubborn", "--gpus", "1", "--", "sh", "-c",
+       "trap '' TERM; echo ready; while :; do sleep 0.05; done")
+    wait_for(lambda: (cgd.log_dir / "stubborn" / "0.out").read_text() == "ready\n", "the worker up")
+    releasing = subprocess.Popen([CGCTL, "release", "stubborn", "--stop-timeout", "80s"], env=cgd.env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(in_long_poll(releasing), "the release waiting for the worker", interval=0.5)
+    assert cgd.stop(timeout=90) == 0, cgd.log()
+    out, err = releasing.communicate(timeout=30)
+    assert releasing.returncode == 1 and "cgd is stopping; ask again once it is back" in err, (out, err)
+    assert "internal error" not in cgd.log(), cgd.log()
