@@ -180,7 +180,7 @@ def test_manager_waits_go_on_across_a_clean_restart_of_cgd(start_cgd, tmp_path: 
             finally:
                 asking -= 1
 
-        provider.cgd.wait_component = counted  # type: ignore[method-assign]
+        provider.cgd.wait_component = counted
         await m.allocate_compute_group("hog", {"gpus": 8}, {"command": [
             "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done"]})
         placing = asyncio.ensure_future(m.allocate_compute_group("waiter", {"gpus": 2}, {"wait": True}))
