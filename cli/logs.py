@@ -9,8 +9,10 @@ from typing import Any
 import click
 
 from computegroups.cli.connect import client, complete_components, json_wanted, talking
+from computegroups.cli.events import note
 from computegroups.cli.options import NAME
-from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.errors import CgdError, CgdUnreachable
+from computegroups.daemon.client.resume import Reconnect
 from computegroups.daemon.client.sync import CgdClient
 
 POLL_S = 0.5
@@ -66,18 +68,28 @@ def _show(doc: dict[str, Any]) -> None:
 def _follow(cgd: CgdClient, name: str, replica: int, stream: str, last: dict[str, Any]) -> None:
     """Poll from the last offset, at once while cgd still holds more (it
     sends at most 1 MiB per read); a shrunk file was rotated, so start it
-    over; a released component ends the follow with a note, not an error."""
+    over; a released component ends the follow with a note, not an error.
+    A restart of cgd is waited for as `cgctl events -f` waits for it
+    (`Reconnect`, one note per outage), and read on from the same offset:
+    the log file is the worker's, not cgd's."""
     offset, size = last["offset"], last["size"]
+    reconnect = Reconnect(note, lambda error: f"cgd went away; reconnecting to follow {name}/{replica}'s "
+                                              f"{stream} from byte {offset}")
+    reconnect.opened()
     while True:
         if offset >= size:
             time.sleep(POLL_S)
         try:
             doc = cgd.component_logs(name, replica, stream, offset=offset)
+        except CgdUnreachable as exc:
+            time.sleep(reconnect.retry(exc))
+            continue
         except CgdError as exc:
             if exc.code != "not_found":
                 raise
             click.echo(f"cgctl: {name} is gone ({exc.message}); stopped following", err=True)
             return
+        reconnect.opened()
         if doc["size"] < offset:
             offset, size = 0, doc["size"]
             continue

@@ -5,8 +5,10 @@ worker tracking (a cgroup per worker, or marks), the socket and the
 metrics address bound, supervisor on this loop, recovery of the previous
 run's workers (and of what they left in their cgroups), health loop,
 serving, watchdog and log rotation, READY=1.
-Stop: STOPPING=1, close the socket, stop the health loop, stop (or keep)
-the workers (and remove their cgroups).
+Stop: STOPPING=1, close the socket, end the event streams and the long
+polls (answered `stopping`: their clients reconnect to the next cgd) and
+let the requests in flight be answered, stop the health loop, stop (or
+keep) the workers (and remove their cgroups).
 
 The listeners are bound before any worker is touched, so the commonest
 failure (an address in use) ends the start with nothing done. A start that
@@ -58,6 +60,8 @@ from computegroups.statefiles.store import StateStore
 log = logging.getLogger("cgd")
 
 ROTATE_PERIOD_S = 1.0
+ANSWER_S = 5.0
+"""How long a stop lets the requests in flight finish (a long poll is answered at once) before it goes on."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,7 @@ class Daemon:
         """Set once the supervisor runs: from then on a failed start has workers to leave behind."""
         self.health: HealthMonitor | None = None
         self.server: CgdHTTPServer | None = None
+        self.app: CgdApp | None = None
         self.metrics_server: tornado.httpserver.HTTPServer | None = None
 
     async def start(self) -> None:
@@ -303,7 +308,7 @@ class Daemon:
             keep={watcher_key(*ReplicaRef.parse(lost["replica"])) for lost in manager.state_loss})
         self.health = HealthMonitor(manager, Telemetry(self.gateway), opts.config.health)
         self.health.start()
-        app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),
+        app = self.app = CgdApp(manager, self.health, opts.state_dir, machine_to_dict(machine),
                      extra_routes=deployment_routes(Deployments(manager)))
         keeper.instruments.registry.register(StateCollector(manager, self.health, __version__))
         self.server = listen(app, sock, opts.config.limits.connections_per_user)
@@ -347,12 +352,15 @@ class Daemon:
 
     async def stop(self) -> None:
         assert self.manager is not None and self.health is not None and self.server is not None, "started"
+        assert self.app is not None, "started"
         sdnotify.notify("STOPPING=1")
         log.info("stopping: %s workers", "keeping" if self.opts.keep_workers else "stopping")
         self.server.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         self.manager.keeper.events.close()
+        self.manager.keeper.stop_waits()
+        await self.app.answered(ANSWER_S)
         for task in self.tasks:
             task.cancel()
         await self.health.stop()

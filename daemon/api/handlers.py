@@ -6,6 +6,7 @@ request; any failure becomes a JSON error and the daemon keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -21,9 +22,10 @@ import tornado.web
 
 from computegroups.daemon.api.body import MAX_BODY, MAX_DEPTH, PayloadTooLarge, duplicate_key, json_depth_ok, not_json
 from computegroups.daemon.api.listener import peer_credentials
+from computegroups.daemon.core.keeper import STOPPING
 from computegroups.daemon.core.manager import Caller
 from computegroups.daemon.model.decoding import ModelError, decode_json
-from computegroups.daemon.model.errors import BadRequest, ManagerError, StateUnwritable, Unavailable
+from computegroups.daemon.model.errors import BadRequest, ManagerError, StateUnwritable, Stopping, Unavailable
 from computegroups.daemon.model.requests import (
     ComponentRequest,
     GroupRequest,
@@ -54,6 +56,7 @@ class ApiHandler(tornado.web.RequestHandler):
         self.too_large = False
 
     def prepare(self) -> None:
+        self.app.started(self)
         length = self.request.headers.get("Content-Length")
         if length is not None:
             try:
@@ -138,8 +141,20 @@ class ApiHandler(tornado.web.RequestHandler):
             return
         self.reply(result, status)
 
+    def on_finish(self) -> None:
+        self.app.ended(self)
+
+    def on_connection_close(self) -> None:
+        self.app.ended(self)
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None))[1]
+        if status_code == 500 and exc is None and _cancelled():
+            # tornado answers 500 for a handler whose own task was cancelled: here only the
+            # end of cgd's loop does that, to a request cgd's stop did not see answered in time.
+            self._error(Stopping(STOPPING))
+            self.finish()
+            return
         if isinstance(exc, tornado.web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
         elif status_code == 405:
@@ -371,3 +386,9 @@ class ReservationHandler(ApiHandler):
 
 def _raise(exc: Exception) -> Any:
     raise exc
+
+
+def _cancelled() -> bool:
+    """Whether the running task is being cancelled (the handler's own, when tornado answers for it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

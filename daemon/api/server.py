@@ -12,6 +12,8 @@ listener.py (the socket); this module holds the application and its routes.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -66,6 +68,30 @@ class CgdApp:
         self.extra_routes = extra_routes or []
         self.metrics_listen: str | None = None
         """The TCP address `/metrics` is also served on, once bound (the port chosen when 0 was asked)."""
+        self.in_flight: set[tornado.web.RequestHandler] = set()
+        """The requests being answered: cgd's stop lets them finish before it tears down what they use."""
+        self._all_answered = asyncio.Event()
+
+    def started(self, request: tornado.web.RequestHandler) -> None:
+        self.in_flight.add(request)
+        self._all_answered.clear()
+
+    def ended(self, request: tornado.web.RequestHandler) -> None:
+        """`request` is answered, or its client went away."""
+        self.in_flight.discard(request)
+        if not self.in_flight:
+            self._all_answered.set()
+
+    async def answered(self, within: float) -> None:
+        """Return once every request in flight is answered, or after `within` seconds.
+
+        Called when cgd stops, after the waits were ended (`StateKeeper.stop_waits`)
+        and the event streams closed: those answer at once, a short request soon; one
+        still going after `within` is answered `stopping` when the loop ends.
+        """
+        if self.in_flight:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._all_answered.wait(), within)
 
     @property
     def registry(self):

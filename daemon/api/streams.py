@@ -86,6 +86,7 @@ class EventsHandler(ApiHandler):
         await self.flush()
 
     def on_connection_close(self) -> None:
+        super().on_connection_close()
         self.closed = True
         self.app.manager.keeper.events.wake()
 

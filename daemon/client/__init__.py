@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from computegroups.daemon.client.errors import CgdError, CgdNotRunning, CgdUnreachable, ClientError
+from computegroups.daemon.client.errors import CgdError, CgdNotRunning, CgdStopping, CgdUnreachable, ClientError
 from computegroups.daemon.client.sync import CgdClient
 
 _LAZY = {
@@ -27,7 +27,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "AsyncCgdClient", "CgdClient", "CgdError", "CgdNotRunning", "CgdUnreachable", "ClientError",
+    "AsyncCgdClient", "CgdClient", "CgdError", "CgdNotRunning", "CgdStopping", "CgdUnreachable", "ClientError",
     "ComputeGroup", "ComputeGroupManager", "ComputeNode", "ComputeResourceProvider",
     "LocalComputeResourceProvider",
 ]

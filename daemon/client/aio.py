@@ -52,7 +52,7 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
             raise connection_error(self.socket_path, exc, self.timeout) from None
         except BrokenAnswer as exc:
             raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
-        return decode_answer(status, payload)
+        return decode_answer(status, payload, self.socket_path)
 
     async def events(self, since: int | None = None, follow: bool = True, on_lost: Note | None = None
                      ) -> AsyncIterator[Any]:
@@ -92,7 +92,7 @@ class AsyncCgdClient(Endpoints[Awaitable[Any]]):
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.timeout)
             status, headers = parse_head(head[:-4])
             if status >= 400:  # a refusal is one JSON answer: read it whole, raise it
-                decode_answer(*parse_answer(head + await reader.read()))
+                decode_answer(*parse_answer(head + await reader.read()), self.socket_path)
             lines = StreamLines("chunked" in headers.get("transfer-encoding", "").lower())
             opened()
             while not lines.ended:

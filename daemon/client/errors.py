@@ -41,6 +41,13 @@ class CgdNotRunning(CgdUnreachable):
         return f"cgd is not running ({self.reason} at {self.socket_path}): {START_HINT}"
 
 
+class CgdStopping(CgdUnreachable):
+    """cgd answered 503 `stopping`: it is going away (a restart, most often) and cut the request short.
+
+    A reachability error, not a refusal: whoever waits for cgd to come back
+    after a refused connection (a long poll, a follower) waits here too."""
+
+
 class CgdError(ClientError):
     """cgd answered and refused: `code` is the stable part of docs/api.md's error table."""
 

@@ -1,4 +1,4 @@
-"""Following cgd's events across its restarts: where to pick up, and how long to wait first.
+"""Following cgd across its restarts: where to pick up, and how long to wait first.
 
 A follower's stream ends when cgd stops and breaks when cgd dies; both
 clients' `events(follow=True)` then connect again, with `since` the last
@@ -6,7 +6,8 @@ event they handed out, so nothing cgd still keeps is missed and cgd's own
 `gap` event says what it did not keep (a restart starts a new epoch). The
 decisions (the cursor, when to give up, the waits, the one note per
 outage) live here once; the blocking and the async client differ only in
-how they read a stream and how they wait.
+how they read a stream and how they wait. `cgctl logs -f`, which polls
+rather than streams, shares the waits and the note (`Reconnect`).
 """
 
 from __future__ import annotations
@@ -23,27 +24,25 @@ two seconds of cgd answering, and a cgd that stays away costs one connection att
 Note = Callable[[str], None]
 
 
-class Resume:
-    """One follower's place in the stream and its count of failed tries since it was last connected."""
+class Reconnect:
+    """A follower's count of failed tries since it was last connected, and its one note per outage.
 
-    def __init__(self, since: int | None, note: Note | None = None) -> None:
-        self.since = since
-        """The `since` of the next connection: the last event handed out, or the caller's own."""
+    What every follower of cgd shares (`events(follow=True)` through `Resume`,
+    `cgctl logs -f`): `describe` words the note from the error that ended the
+    connection (None: cgd ended the stream itself, as when it stops)."""
+
+    def __init__(self, note: Note | None, describe: Callable[[CgdUnreachable | None], str]) -> None:
         self.note = note
+        self._describe = describe
         self._connected = False
         self._tries = 0
         self._noted = False
 
     def opened(self) -> None:
-        """cgd answered with a stream: the next outage is a new one, its waits start short."""
+        """cgd answered: the next outage is a new one, its waits start short."""
         self._connected = True
         self._tries = 0
         self._noted = False
-
-    def seen(self, event: dict[str, Any]) -> None:
-        """`event` is handed out; a `gap` has no number and leaves the place where it is."""
-        if event.get("seq") is not None:
-            self.since = event["seq"]
 
     def retry(self, error: CgdUnreachable | None) -> float:
         """The seconds to wait before connecting again, after the stream ended (`error` None) or
@@ -53,8 +52,25 @@ class Resume:
             raise error
         if not self._noted and self.note is not None:
             self._noted = True
-            where = "from the start" if self.since is None else f"after {self.since}"
-            self.note(f"cgd's events {'ended' if error is None else 'broke off'}; reconnecting to read {where}")
+            self.note(self._describe(error))
         wait = BACKOFF_S[min(self._tries, len(BACKOFF_S) - 1)]
         self._tries += 1
         return wait
+
+
+class Resume(Reconnect):
+    """One event follower's place in the stream, and its outages (`Reconnect`)."""
+
+    def __init__(self, since: int | None, note: Note | None = None) -> None:
+        super().__init__(note, self._lost)
+        self.since = since
+        """The `since` of the next connection: the last event handed out, or the caller's own."""
+
+    def seen(self, event: dict[str, Any]) -> None:
+        """`event` is handed out; a `gap` has no number and leaves the place where it is."""
+        if event.get("seq") is not None:
+            self.since = event["seq"]
+
+    def _lost(self, error: CgdUnreachable | None) -> str:
+        where = "from the start" if self.since is None else f"after {self.since}"
+        return f"cgd's events {'ended' if error is None else 'broke off'}; reconnecting to read {where}"

@@ -51,7 +51,7 @@ class CgdClient(Endpoints[Any]):
             raise connection_error(self.socket_path, exc, self.timeout) from None
         except BrokenAnswer as exc:
             raise CgdUnreachable(self.socket_path, f"broken answer: {exc}") from None
-        return decode_answer(status, payload)
+        return decode_answer(status, payload, self.socket_path)
 
     def events(self, since: int | None = None, follow: bool = True, on_lost: Note | None = None
                ) -> Iterator[Json]:
@@ -93,7 +93,7 @@ class CgdClient(Endpoints[Any]):
                 if status >= 400:  # a refusal is one JSON answer: read it whole, raise it
                     while chunk := sock.recv(65536):
                         rest += chunk
-                    decode_answer(*parse_answer(head + b"\r\n\r\n" + rest))
+                    decode_answer(*parse_answer(head + b"\r\n\r\n" + rest), self.socket_path)
                 lines = StreamLines("chunked" in headers.get("transfer-encoding", "").lower())
                 opened()
                 sock.settimeout(None if follow else self.timeout)

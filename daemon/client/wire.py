@@ -10,9 +10,10 @@ Content-Length and chunked bodies (what tornado sends) need decoding.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, NamedTuple
 
-from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.errors import CgdError, CgdStopping
 
 Json = Any
 
@@ -71,11 +72,13 @@ def _dechunk(data: bytes) -> bytes:
         pos = start + size + 2
 
 
-def decode_answer(status: int, payload: bytes) -> Json:
+def decode_answer(status: int, payload: bytes, socket_path: Path) -> Json:
     """The answer's JSON, or the daemon's refusal as a `CgdError`.
 
     A body that is not cgd's error shape (a crash page) still becomes a
-    `CgdError`, so callers need only one except clause.
+    `CgdError`, so callers need only one except clause. A cgd that is
+    stopping (503 `stopping`) is `CgdStopping`, which callers that outlast a
+    restart take as they take a refused connection.
     """
     try:
         doc = json.loads(payload) if payload else None
@@ -87,6 +90,8 @@ def decode_answer(status: int, payload: bytes) -> Json:
         return doc
     error = doc.get("error") if isinstance(doc, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
+        if status == 503 and error.get("code") == "stopping":
+            raise CgdStopping(socket_path, error["message"])
         raise CgdError(status, str(error.get("code", "unknown")), error["message"])
     text = payload.decode(errors="replace").strip().splitlines()
     raise CgdError(status, "bad_response", f"cgd answered {status}: {text[0][:200] if text else 'no body'}")

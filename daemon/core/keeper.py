@@ -30,6 +30,7 @@ from computegroups.daemon.model.errors import (
     InsufficientStorage,
     ManagerError,
     StateUnwritable,
+    Stopping,
     Unsatisfiable,
 )
 from computegroups.daemon.model.refs import component_of
@@ -46,6 +47,8 @@ from computegroups.statefiles.store import StateStore, Transaction
 from computegroups.topology.model import Machine
 
 log = logging.getLogger("cgd.manager")
+
+STOPPING = "cgd is stopping; ask again once it is back (a restart keeps the queue and the jobs)"
 
 
 class StateKeeper:
@@ -119,6 +122,8 @@ class StateKeeper:
         self._flusher: asyncio.Task[None] | None = None
         self._watchers: list[asyncio.Future[None]] = []
         """Waiters for the next commit (`changed`)."""
+        self.stopping = False
+        """Set by `stop_waits` when cgd stops: every wait for a commit ends with `Stopping`."""
         self.on_unwritable: Callable[[str], None] = lambda why: None
         """Called once when the store starts refusing every change (a failed fsync), with its reason:
         cgd tells systemd (the daemon layer installs it)."""
@@ -203,7 +208,11 @@ class StateKeeper:
         self._follow(doc)
 
     async def changed(self, timeout: float) -> None:
-        """Return at the next commit, or after `timeout` seconds: for those who wait for a state to be reached."""
+        """Return at the next commit, or after `timeout` seconds: for those who wait for a state to be reached.
+
+        Raises `Stopping` once cgd stops (`stop_waits`): the waiter's client asks the next cgd again."""
+        if self.stopping:
+            raise Stopping(STOPPING)
         waiter = asyncio.get_running_loop().create_future()
         self._watchers.append(waiter)
         try:
@@ -213,6 +222,17 @@ class StateKeeper:
         finally:
             if waiter in self._watchers:
                 self._watchers.remove(waiter)
+        if self.stopping:
+            raise Stopping(STOPPING)
+
+    def stop_waits(self) -> None:
+        """cgd is stopping: end every wait for a commit now, and every later one at once, so a long
+        poll is answered `Stopping` while cgd can still answer, not cut off when its loop ends."""
+        self.stopping = True
+        watchers, self._watchers = self._watchers, []
+        for waiter in watchers:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _holding(self, g: GroupRecord) -> Holding | None:
         """What a group holds of the machine; None when it holds nothing here (lost, or its GPU is gone)."""

@@ -74,3 +74,13 @@ class InsufficientStorage(StateUnwritable):
 class Unavailable(ManagerError):
     status = 503
     code = "unavailable"
+
+
+class Stopping(Unavailable):
+    """cgd is stopping (or restarting) and cut this request short: ask again once it is back.
+
+    A long poll in flight when cgd stops gets this rather than waiting for the
+    loop to be torn down under it; clients take it as they take a refused
+    connection, and wait for the next cgd."""
+
+    code = "stopping"

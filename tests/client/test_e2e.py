@@ -160,6 +160,45 @@ def test_manager_events_follow_on_across_a_restart_of_cgd(cgd: Cgd) -> None:
     asyncio.run(scenario())
 
 
+def test_manager_waits_go_on_across_a_clean_restart_of_cgd(start_cgd, tmp_path: Path) -> None:
+    """cgd stopped with SIGTERM (as `systemctl restart` does) under a queued `allocate_compute_group`
+    and a `wait_job`: both ask the next cgd, the claim is kept and placed once the job ends."""
+    cgd = start_cgd("dgx-h100", "--keep-workers")
+    go = tmp_path / "go"
+
+    async def scenario() -> None:
+        provider = LocalComputeResourceProvider(cgd.socket)
+        m = ComputeGroupManager(provider)
+        asking = 0
+        poll = provider.cgd.wait_component
+
+        async def counted(name: str, until: str, timeout: float) -> dict:
+            nonlocal asking
+            asking += 1
+            try:
+                return await poll(name, until, timeout)
+            finally:
+                asking -= 1
+
+        provider.cgd.wait_component = counted
+        await m.allocate_compute_group("hog", {"gpus": 8}, {"command": [
+            "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done"]})
+        placing = asyncio.ensure_future(m.allocate_compute_group("waiter", {"gpus": 2}, {"wait": True}))
+        ending = asyncio.ensure_future(m.wait_job("hog"))
+        while asking < 2:
+            await asyncio.sleep(0.02)
+        assert await asyncio.to_thread(cgd.stop) == 0
+        await asyncio.to_thread(cgd.start)
+        go.touch()
+        ended = await asyncio.wait_for(ending, 30)
+        group = await asyncio.wait_for(placing, 30)
+        assert (ended["name"], ended["state"], ended["exit_code"]) == ("hog", "completed", 0)
+        assert group.id == "waiter-0" and len(group.gpu_indices) == 2
+
+    asyncio.run(scenario())
+    assert "internal error" not in cgd.log() and "dropped queued claims" not in cgd.log(), cgd.log()
+
+
 def test_workers_get_the_callers_path_unless_the_request_sets_one(
         cgd: Cgd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """As with cgctl, a program found on the caller's PATH (a venv's python) is found by the worker."""

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from computegroups.daemon.client.errors import CgdError
+from computegroups.daemon.client.errors import CgdError, CgdStopping, CgdUnreachable
 from computegroups.daemon.client.wire import BrokenAnswer, Request, StreamLines, decode_answer, parse_answer
+
+SOCK = Path("/run/cgd.sock")
 
 
 def test_request_with_body_sends_json_and_its_length() -> None:
@@ -58,26 +61,36 @@ def test_broken_answers_are_named(raw: bytes, words: str) -> None:
 
 
 def test_success_decodes_json() -> None:
-    assert decode_answer(200, b'{"gpus": []}') == {"gpus": []}
+    assert decode_answer(200, b'{"gpus": []}', SOCK) == {"gpus": []}
 
 
 def test_daemon_error_keeps_status_code_and_message() -> None:
     body = json.dumps({"error": {"code": "insufficient_capacity", "message": "GPU 0 is full"}}).encode()
     with pytest.raises(CgdError) as caught:
-        decode_answer(409, body)
+        decode_answer(409, body, SOCK)
     error = caught.value
     assert (error.status, error.code, error.message) == (409, "insufficient_capacity", "GPU 0 is full")
 
 
+def test_a_stopping_cgd_is_unreachable_for_now_not_a_refusal() -> None:
+    """What a long poll cut short by a restart gets: callers that wait out a restart catch it."""
+    body = json.dumps({"error": {"code": "stopping", "message": "cgd is stopping"}}).encode()
+    with pytest.raises(CgdStopping, match="cgd is stopping") as caught:
+        decode_answer(503, body, SOCK)
+    assert issubclass(CgdStopping, CgdUnreachable) and caught.value.socket_path == SOCK
+    with pytest.raises(CgdError):  # another 503 is still a refusal
+        decode_answer(503, json.dumps({"error": {"code": "unavailable", "message": "locked"}}).encode(), SOCK)
+
+
 def test_error_that_is_not_cgds_shape_still_is_a_cgd_error() -> None:
     with pytest.raises(CgdError, match="cgd answered 502: Bad Gateway") as caught:
-        decode_answer(502, b"Bad Gateway\nmore")
+        decode_answer(502, b"Bad Gateway\nmore", SOCK)
     assert caught.value.code == "bad_response"
 
 
 def test_success_that_is_not_json_is_refused() -> None:
     with pytest.raises(CgdError, match="not JSON"):
-        decode_answer(200, b"<html>")
+        decode_answer(200, b"<html>", SOCK)
 
 
 def test_stream_lines_come_whole_however_the_chunks_are_cut() -> None:

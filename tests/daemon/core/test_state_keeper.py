@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,7 +18,7 @@ from computegroups.daemon.core.workers import binder, groups_by_replica, visible
 from computegroups.daemon.model.claims import AffinityTerm, Claim
 from computegroups.daemon.model.config import DaemonConfig, Limits
 from computegroups.daemon.model.decoding import ModelError
-from computegroups.daemon.model.errors import InsufficientCapacity, LimitReached
+from computegroups.daemon.model.errors import InsufficientCapacity, LimitReached, Stopping
 from computegroups.daemon.model.requests import ComponentRequest, parse_component
 from computegroups.daemon.supervision.workerenv import MpsSettings, OwnerEnv, worker_env
 from computegroups.statefiles.store import StateStore
@@ -219,3 +220,19 @@ def test_only_placed_claims_count_as_granted(tmp_path: Path) -> None:
     allocate(k, "other", Claim(gpus=1))
     k.restore(before)
     assert granted() == 2, "putting a document back grants nothing"
+
+
+def test_a_stop_ends_every_wait_for_a_commit_then_and_later(tmp_path: Path) -> None:
+    """cgd's stop answers the long polls at once (`Stopping`) instead of leaving them to the loop's end."""
+    k = keeper(tmp_path)
+
+    async def scenario() -> None:
+        waiting = asyncio.ensure_future(k.changed(3600))
+        await asyncio.sleep(0)  # the waiter is registered
+        k.stop_waits()
+        with pytest.raises(Stopping, match="cgd is stopping"):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(Stopping):
+            await k.changed(3600)
+
+    asyncio.run(scenario())
