@@ -130,6 +130,11 @@ class GroupRecord(Record, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         _unique(self.users, ".users")
 
+    @property
+    def standalone(self) -> bool:
+        """Made by `POST /v1/groups` (owner `@uid`): nobody's until a component attaches by its id."""
+        return self.owner.startswith("@")
+
 
 class ReservationRecord(Record, frozen=True, kw_only=True):
     name: str

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from computegroups.daemon.model.enums import ComponentState
-from computegroups.statefiles.schema import ComponentRecord, GroupRecord, StateDoc, WorkerRecord
+from computegroups.statefiles.schema import ComponentRecord, GroupRecord, ReservationRecord, StateDoc, WorkerRecord
 
 ENDED = {ComponentState.COMPLETED: "completed", ComponentState.FAILED: "failed", ComponentState.TIMEOUT: "failed"}
 
@@ -42,9 +42,11 @@ def touched(before: Mapping[str, Any], after: Mapping[str, Any]) -> Iterable[str
 def state_changes(before: StateDoc, after: StateDoc, component_keys: Iterable[str],
                   worker_keys: Iterable[str], group_keys: Iterable[str],
                   gpu_index: Mapping[str, int],
-                  worker_pid: WorkerPid = lambda component, replica, shim: None) -> list[Change]:
+                  worker_pid: WorkerPid = lambda component, replica, shim: None,
+                  reservation_keys: Iterable[str] = (), now: float = 0.0) -> list[Change]:
     """The events of one commit; `gpu_index` names GPUs by index for the drained ones, and
-    `worker_pid` a started worker by its own pid (the state records its launch shim's)."""
+    `worker_pid` a started worker by its own pid (the state records its launch shim's). `now`, the
+    commit's time, tells a reservation that expired from one released."""
     out: list[Change] = []
     group_keys = list(group_keys)
     gpus = _gpus_by_component(after, group_keys)
@@ -54,6 +56,9 @@ def state_changes(before: StateDoc, after: StateDoc, component_keys: Iterable[st
                           cpus.get(name, 0))
     for ref in worker_keys:
         out += _worker(before.workers.get(ref), after.workers.get(ref), after, worker_pid)
+    for name in reservation_keys:
+        out += _reservation(before.reservations.get(name), after.reservations.get(name), after, gpus.get(name, set()),
+                            cpus.get(name, 0), now)
     for gid in group_keys:
         out += _group(before.groups.get(gid), after.groups.get(gid))
     for uuid in sorted(set(after.drained) - set(before.drained)):
@@ -126,7 +131,10 @@ def _component(old: ComponentRecord | None, new: ComponentRecord | None, gpu_set
         return out
     if placed:
         gpus = sorted(gpu_set)
-        out.append(Change("placed", f"{new.name} placed on GPU {_list(gpus)}", new.owner_uid, {**what, "gpus": gpus}))
+        out.append(Change("placed", f"{new.name} placed {_held(gpus, cpus)}", new.owner_uid, {**what, "gpus": gpus}))
+    elif new.replicas != old.replicas:
+        out.append(Change("scaled", f"{new.name} scaled from {old.replicas} to {new.replicas} replicas",
+                          new.owner_uid, {**what, "replicas": new.replicas, "from": old.replicas}))
     if new.state in ENDED and old.state not in ENDED:
         outcome = str(new.state)
         out.append(Change(ENDED[new.state], f"{new.name} {outcome}", new.owner_uid, {**what, "outcome": outcome}))
@@ -154,12 +162,40 @@ def _worker(old: WorkerRecord | None, new: WorkerRecord | None, doc: StateDoc,
     return out
 
 
+def _reservation(old: ReservationRecord | None, new: ReservationRecord | None, doc: StateDoc, gpu_set: set[int],
+                 cpus: int, now: float) -> list[Change]:
+    """A reservation made, or gone: taken by the component of its name, expired, or released."""
+    if old is None and new is not None:
+        gpus = sorted(gpu_set)
+        return [Change("reserved", f"{new.name} reserved {_held(gpus, cpus)}", new.owner_uid,
+                       {"reservation": new.name, "gpus": gpus, "expires_at": new.expires_at})]
+    if old is None or new is not None:
+        return []
+    taken = old.name in doc.components and set(old.group_ids) <= doc.groups.keys()
+    why = "taken" if taken else "expired" if old.expires_at <= now else "released"
+    said = f"taken by component {old.name}" if taken else why
+    return [Change("unreserved", f"reservation {old.name} {said}", old.owner_uid,
+                   {"reservation": old.name, "why": why})]
+
+
 def _group(old: GroupRecord | None, new: GroupRecord | None) -> list[Change]:
-    if new is None or new.state != "draining" or (old is not None and old.state == "draining"):
+    """A group made on its own, or deleted; any group draining, or undrained."""
+    if new is None:
+        if old is not None and old.standalone:
+            return [Change("group_deleted", f"group {old.id} deleted", old.owner_uid, {"group": old.id})]
         return []
     gpus = sorted({d.gpu_index for d in new.devices})
-    return [Change("drained", f"group {new.id} draining: nothing new attaches to it", new.owner_uid,
-                   {"group": new.id, "gpus": gpus})]
+    what = {"group": new.id, "gpus": gpus}
+    if old is None:
+        if not new.standalone:
+            return []  # a component's or a reservation's: told as its allocation
+        held = _held(gpus, new.claim.cpus or 0)
+        return [Change("group_created", f"group {new.id} made {held}", new.owner_uid, what)]
+    if new.state == "draining" and old.state != "draining":
+        return [Change("drained", f"group {new.id} draining: nothing new attaches to it", new.owner_uid, what)]
+    if old.state == "draining" and new.state != "draining":
+        return [Change("undrained", f"group {new.id} undrained: it takes new users again", new.owner_uid, what)]
+    return []
 
 
 def _list(gpus: list[int]) -> str:

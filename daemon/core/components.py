@@ -25,7 +25,6 @@ from computegroups.daemon.core.transactions import (
     new_component_records,
     remove_component,
     scale_component,
-    standalone,
 )
 from computegroups.daemon.core.views import group_deployment
 from computegroups.daemon.core.workers import (
@@ -222,7 +221,7 @@ class Components(Groups):
                 raise BadRequest(f"group {gid!r} belongs to deployment {deployment!r}: change the deployment "
                                  f"(`cgctl scale`, `cgctl apply`, `cgctl delete {deployment}`)")
             comp = self.doc.components.get(g.owner)
-            if standalone(g):
+            if g.standalone:
                 done = self.delete_group_locked(caller, gid)
                 return {"deallocated": gid, "action": "deleted", "owner": g.owner, "result": done}
             if g.owner in self.doc.reservations:

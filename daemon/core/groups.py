@@ -20,7 +20,6 @@ from computegroups.daemon.core.transactions import (
     group_record,
     new_reservation,
     release_reservation,
-    standalone,
 )
 from computegroups.daemon.core.views import group_view, reservation_view
 from computegroups.daemon.model.claims import Claim
@@ -79,7 +78,7 @@ class Groups(Jobs):
         """`delete_group` for a caller that holds the lock since it looked (no process to stop)."""
         g = self.group_record(gid)
         check_owner(caller, g.owner_uid, f"group {gid!r}")
-        if not standalone(g):
+        if not g.standalone:
             raise Conflict(f"group {gid!r} belongs to {g.owner!r}: release that instead")
         if g.users:
             users = sorted({component_of(u) for u in g.users})

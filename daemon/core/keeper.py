@@ -420,7 +420,8 @@ class StateKeeper:
         try:
             for c in state_changes(before, after, touched(before.components, changed.components),
                                    touched(before.workers, changed.workers), touched(before.groups, changed.groups),
-                                   self._gpu_index, self.worker_pid):
+                                   self._gpu_index, self.worker_pid,
+                                   touched(before.reservations, changed.reservations), self.clock()):
                 self.events.emit(c.type, c.message, uid=c.uid, generation=after.generation, **c.what)
         except Exception:
             log.exception("telling the events of generation %d failed", after.generation)

@@ -6,7 +6,6 @@ state keeper and supervisor, and decides under its lock.
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from typing import Any
 
 from computegroups.daemon.core.base import ManagerBase
@@ -34,6 +33,7 @@ from computegroups.daemon.model.refs import uses
 from computegroups.daemon.model.requests import reserved_env
 from computegroups.daemon.supervision.worklogs import read_worker_log
 from computegroups.topology.model import Machine
+from computegroups.topology.names import model_matches
 
 
 class Queries(ManagerBase):
@@ -77,7 +77,7 @@ class Queries(ManagerBase):
             if gpu is not None and not any(d.gpu_index == gpu for d in g.devices):
                 continue
             if model is not None and not any(
-                    fnmatchcase(_gpu_name(machine, d.gpu_index).lower(), model.lower()) for d in g.devices):
+                    model_matches(_gpu_name(machine, d.gpu_index), model) for d in g.devices):
                 continue
             if pool is not None and not (g.devices and all(d.gpu_index in pools[pool] for d in g.devices)):
                 continue

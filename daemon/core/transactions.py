@@ -125,18 +125,13 @@ def component_or_404(doc: StateDoc, name: str) -> ComponentRecord:
     return comp
 
 
-def standalone(g: GroupRecord) -> bool:
-    """A group made by `POST /v1/groups` (owner `@uid`): nobody's until a component attaches by its id."""
-    return g.owner.startswith("@")
-
-
 def attachable_group(doc: StateDoc, caller: Caller, gid: str) -> GroupRecord:
     """The group a component may attach to by id (`group`), or the refusal that says why not."""
     g = doc.groups.get(gid)
     if g is None:
         raise NotFound(f"no group {gid!r}: `cgctl group list` shows what exists")
     check_owner(caller, g.owner_uid, f"group {gid!r}")
-    if not standalone(g):
+    if not g.standalone:
         raise BadRequest(f"group {gid!r} belongs to {g.owner!r}: attach with share_with {g.owner!r} instead")
     if g.state not in (GroupState.ALLOCATED, GroupState.DRAINING, GroupState.DEGRADED):
         raise Conflict(f"group {gid!r} is {g.state}: nothing new may attach to it")
@@ -172,7 +167,7 @@ def detach_refs(doc: StateDoc, refs: set[str], releasing: set[str]) -> list[str]
         if refs.isdisjoint(g.users):
             continue
         users = tuple(u for u in g.users if u not in refs)
-        owner_stays = standalone(g) or (g.owner in doc.components and g.owner not in releasing)
+        owner_stays = g.standalone or (g.owner in doc.components and g.owner not in releasing)
         if users or (g.scope == "all-replicas" and owner_stays):
             doc.groups[gid] = replace(g, users=users)
         else:

@@ -8,10 +8,10 @@ that has no cluster meaning must not quietly match everything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from fnmatch import fnmatchcase
 from typing import Any
 
 from computegroups.daemon.client.providers import GROUP_FILTERS
+from computegroups.topology.names import model_matches
 
 Json = Any
 
@@ -50,8 +50,7 @@ def matches(group: Mapping[str, Json], filters: Mapping[str, Json]) -> bool:
         or any(str(u).rsplit("/", 1)[0] == name for u in group.get("users") or []),
         "state": lambda state: group.get("state") == state,
         "gpu": lambda index: any(d.get("index") == index for d in devices),
-        "model": lambda glob: any(fnmatchcase(str(d.get("name") or "").lower(), str(glob).lower())
-                                  for d in devices),
+        "model": lambda glob: any(model_matches(str(d.get("name") or ""), str(glob)) for d in devices),
         "uuid": lambda uuid: any(uuid in (d.get("uuid"), d.get("mig_uuid")) for d in devices),
         "owner": lambda owner: group.get("owner") == owner,
         "deployment": lambda name: group.get("deployment") == name,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from fnmatch import fnmatchcase
 from typing import Any
 
 from lightkube.utils.quantity import parse_quantity
@@ -27,6 +26,7 @@ from lightkube.utils.quantity import parse_quantity
 from computegroups.daemon.kubernetes.render_claims import claim_template_spec
 from computegroups.daemon.kubernetes.render_selectors import selector_problems
 from computegroups.daemon.model.claims import Claim
+from computegroups.topology.names import model_matches
 
 Json = Any
 Obj = Mapping[str, Any]
@@ -439,7 +439,7 @@ def fits_somewhere(claim: Mapping[str, Json], devices: Mapping[tuple[str, str], 
 
 def selected(device: Mapping[str, Json], claim: Claim) -> bool:
     """Whether the claim's selectors admit the device, as its CEL selectors would (render_selectors.py)."""
-    if claim.model is not None and not fnmatchcase(str(device.get("name") or "").lower(), claim.model.lower()):
+    if claim.model is not None and not model_matches(str(device.get("name") or ""), claim.model):
         return False
     if claim.min_memory_mib is not None and device["mig_uuid"] is None \
             and (device.get("memory_mib") or 0) < claim.min_memory_mib:

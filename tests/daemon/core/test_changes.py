@@ -95,3 +95,45 @@ def test_a_cpu_only_component_is_told_allocated_its_cpus_not_on_gpu_dash() -> No
     assert found[0].what["gpus"] == []
     one = state_changes(before, after, ["prep"], [], ["prep-0"], INDEX)
     assert [c.message for c in one] == ["prep allocated 4 CPUs"]
+
+
+def told(before: StateDoc, after: StateDoc, now: float = 0.0) -> list[tuple[str, str]]:
+    found = state_changes(before, after, touched(before.components, after.components),
+                          touched(before.workers, after.workers), touched(before.groups, after.groups), INDEX,
+                          reservation_keys=touched(before.reservations, after.reservations), now=now)
+    return [(c.type, c.message) for c in found]
+
+
+def test_a_reservation_made_taken_expired_or_released() -> None:
+    doc = populated_doc()
+    before = copy.deepcopy(doc)
+    del before.reservations["night"], before.groups["night-0"]
+    assert told(before, doc) == [("reserved", "night reserved on GPU 3")]
+    gone = copy.deepcopy(doc)
+    del gone.reservations["night"], gone.groups["night-0"]
+    assert told(doc, gone, now=1700090000.0) == [("unreserved", "reservation night expired")]
+    assert told(doc, gone, now=1700000000.0) == [("unreserved", "reservation night released")]
+    taken = copy.deepcopy(doc)
+    del taken.reservations["night"]
+    taken.components["night"] = replace(doc.components["web"], name="night", deployment=None, created=3.0)
+    taken.groups["night-0"] = replace(doc.groups["night-0"], state=GroupState.ALLOCATED, users=("night/0",))
+    assert ("unreserved", "reservation night taken by component night") in told(doc, taken)
+
+
+def test_a_component_scaled_and_a_group_made_on_its_own_deleted_or_undrained() -> None:
+    doc = populated_doc()
+    scaled = copy.deepcopy(doc)
+    scaled.components["web"] = replace(doc.components["web"], replicas=1)
+    assert told(doc, scaled) == [("scaled", "web scaled from 2 to 1 replicas")]
+    made = copy.deepcopy(doc)
+    made.groups["group.1"] = replace(doc.groups["web-0"], id="group.1", owner="@1000", users=(), replica=None)
+    assert told(doc, made) == [("group_created", "group group.1 made on GPU 0")]
+    assert told(made, doc) == [("group_deleted", "group group.1 deleted")]
+    undrained = copy.deepcopy(doc)
+    undrained.groups["web-1"] = replace(doc.groups["web-1"], state=GroupState.ALLOCATED)
+    assert told(doc, undrained) == [("undrained", "group web-1 undrained: it takes new users again")]
+    assert told(undrained, doc) == [("drained", "group web-1 draining: nothing new attaches to it")]
+    cpu = copy.deepcopy(doc)
+    cpu.groups["group.2"] = replace(doc.groups["web-0"], id="group.2", owner="@1000", devices=(), users=(),
+                                    claim=Claim(cpus=4), replica=None)
+    assert told(doc, cpu) == [("group_created", "group group.2 made 4 CPUs")]

@@ -50,6 +50,7 @@ def test_components_attach_to_a_created_group_by_id(cgd: Cgd) -> None:
     assert len(listed) == 2 and listed[1].split()[:4] == [gid, "allocated", str(group["devices"][0]["index"]) +
                                                          "[2GiB/20%]", f"@{login}"], listed
     assert ok(cgd, "group", "list", "--owner", f"@{os.getuid()}").splitlines() == listed
+    assert ok(cgd, "group", "list", "--model", "H100*").splitlines() == listed, "the vendor words optional"
     assert "owner: no user named 'nobody-here'" in refused(cgd, "group", "list", "--owner", "@nobody-here")
     (gpu,) = {d["index"] for d in group["devices"]}
     _, status = cgd.request("GET", "/v1/status")

@@ -436,3 +436,28 @@ def test_a_worker_start_is_never_told_after_its_end(cgd: Cgd, tmp_path: Path) ->
     assert told[-1] == "failed" and told.count("worker_started") == 1, told
     replica = cgd.request("GET", "/v1/components/boom")[1]["replicas"][0]
     assert replica["pids"] == [], replica
+
+
+def test_reservations_groups_and_scaling_are_told(cgd: Cgd) -> None:
+    """Every change a user makes shows in the stream, not only components: a reservation made,
+    taken or left to expire, a group made on its own and deleted, a drain undone, a scale."""
+    ok = [cgd.cgctl(*args) for args in (
+        ("reserve", "night", "--gpus", "1"), ("allocate", "night", "--", "sleep", "60"),
+        ("reserve", "brief", "--gpus", "1", "--ttl", "1s"), ("scale", "night", "--replicas", "2"))]
+    assert all(done.returncode == 0 for done in ok), [done.stderr for done in ok]
+    made = json.loads(cgd.cgctl("--json", "group", "create", "--memory", "1GiB").stdout)["id"]
+    for args in (("group", "drain", made), ("group", "drain", made, "--undrain"), ("group", "delete", made)):
+        assert cgd.cgctl(*args).returncode == 0, args
+
+    def told() -> list[str]:
+        return [e["message"] for e in CgdClient(cgd.socket).events(follow=False)
+                if e["type"] in ("reserved", "unreserved", "scaled", "group_created", "group_deleted", "drained",
+                                 "undrained")]
+    wait_for(lambda: "reservation brief expired" in told(), "the short reservation expired")
+    messages = told()
+    assert [m for m in messages if "night" in m] == [
+        messages[0], "reservation night taken by component night", "night scaled from 1 to 2 replicas"], messages
+    assert messages[0].startswith("night reserved on GPU ")
+    about_group = [m.split(":")[0] for m in messages if made in m]
+    assert len(about_group) == 4 and about_group[0].startswith(f"group {made} made on GPU "), messages
+    assert about_group[1:] == [f"group {made} draining", f"group {made} undrained", f"group {made} deleted"]
