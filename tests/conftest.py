@@ -1,7 +1,8 @@
-"""Shared fixtures: a real cgd on a simulated machine."""
+"""Shared fixtures: a real cgd on a simulated machine, and where its sd_notify datagrams go."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -43,3 +44,13 @@ def start_cgd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[...
 def cgd(start_cgd: Callable[..., Cgd]) -> Cgd:
     """A daemon on the simulated dgx-h100."""
     return start_cgd("dgx-h100")
+
+
+@pytest.fixture
+def notify_socket(tmp_path: Path) -> Iterator[socket.socket]:
+    """Where cgd's sd_notify datagrams go, as systemd would listen."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / "notify"))
+    sock.settimeout(10)
+    yield sock
+    sock.close()

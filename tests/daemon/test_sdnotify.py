@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,12 @@ import pytest
 from computegroups.daemon.sdnotify import notify, watchdog_interval
 
 
-@pytest.fixture
-def listener(tmp_path: Path) -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(tmp_path / "notify"))
-    sock.settimeout(2)
-    yield sock
-    sock.close()
-
-
-def test_ready_and_friends_reach_the_socket(listener: socket.socket, tmp_path: Path,
+def test_ready_and_friends_reach_the_socket(notify_socket: socket.socket, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
     for state in ("READY=1", "STATUS=serving 8 GPUs", "WATCHDOG=1", "STOPPING=1"):
         assert notify(state)
-        assert listener.recv(4096) == state.encode()
+        assert notify_socket.recv(4096) == state.encode()
 
 
 def test_abstract_socket(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,16 +24,6 @@ from tests.daemon_fixture import Cgd, wait_for
 from tests.fsync_gate import FsyncGate
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def notify_socket(tmp_path: Path) -> Iterator[socket.socket]:
-    """Where cgd's sd_notify datagrams go, as systemd would listen."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(tmp_path / "notify"))
-    sock.settimeout(10)
-    yield sock
-    sock.close()
 
 
 def follow(cgd: Cgd) -> socket.socket:
