@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from computegroups.daemon.client import CgdError, ComputeGroupManager, LocalComputeResourceProvider
+from tests.daemon.core import shared_kv_deployment
 from tests.daemon.core.test_groups_e2e import ok, refused
 from tests.daemon_fixture import Cgd
 
@@ -30,12 +31,7 @@ def test_nothing_new_attaches_to_a_draining_group(cgd: Cgd, tmp_path: Path) -> N
     gid = json.loads(ok(cgd, "--json", "group", "create", "--memory", "1GiB"))["id"]
     for group in ("web-0", "pool-all", gid):
         assert ok(cgd, "group", "drain", group).strip() == f"group {group} draining"
-    deployment = tmp_path / "d.toml"
-    deployment.write_text(
-        'name = "d"\n[[claims]]\nname = "kv"\nmemory = "1GiB"\n'
-        f'[[components]]\nname = "x"\ncommand = [{json.dumps(sys.executable)}, "-c", "import time; time.sleep(3600)"]\n'
-        'sharing = [{ claim = "kv", scope = "all-replicas" }]\n')
-    ok(cgd, "apply", "-f", str(deployment))
+    ok(cgd, "apply", "-f", str(shared_kv_deployment(tmp_path)))
     ok(cgd, "group", "drain", "d-0-x-all-kv")
     state, pids = cgd.state(), sorted(cgd.worker_pids())
 

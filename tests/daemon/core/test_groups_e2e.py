@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from computegroups.daemon.client import CgdError, ComputeGroupManager, LocalComputeResourceProvider
+from tests.daemon.core import shared_kv_deployment
 from tests.daemon.deployments.test_deployments_e2e import proc_env
 from tests.daemon_fixture import Cgd, wait_for
 
@@ -110,12 +111,7 @@ def test_deallocating_one_group_scales_in_by_its_replica(cgd: Cgd, tmp_path: Pat
     assert cgd.state() == state
     assert "group w-2 freed: w scaled in to 2 replicas" in ok(cgd, "group", "deallocate", "w-2")
 
-    deployment = tmp_path / "d.toml"
-    deployment.write_text(
-        'name = "d"\n[[claims]]\nname = "kv"\nmemory = "1GiB"\n'
-        f'[[components]]\nname = "x"\ncommand = [{json.dumps(sys.executable)}, "-c", "import time; time.sleep(3600)"]\n'
-        'sharing = [{ claim = "kv", scope = "all-replicas" }]\n')
-    ok(cgd, "apply", "-f", str(deployment))
+    ok(cgd, "apply", "-f", str(shared_kv_deployment(tmp_path)))
     listed = ok(cgd, "group", "list")
     assert any(line.split()[:2] == ["d-0-x-all-kv", "allocated"] and "(d)" in line
                for line in listed.splitlines()), listed
