@@ -222,10 +222,13 @@ def shorten(text: str, width: int, middle: bool = False) -> str:
 
 LIST_STEPS: tuple[Step, ...] = (
     ("shrink", 0, 24), ("shrink", 2, 12), ("drop", 6, 0), ("shrink", 0, 16), ("shrink", 2, 10),
-    ("shrink", 0, 12), ("shrink", 7, 6), ("drop", 2, 0), ("shrink", 5, 8), ("shrink", 8, 6), ("drop", 3, 0))
+    ("shrink", 0, 12), ("shrink", 7, 6), ("drop", 2, 0), ("shrink", 5, 8), ("shrink", 8, 6), ("drop", 7, 0),
+    ("drop", 3, 0))
 """How `cgctl list` fits a terminal: long names narrow first, then CPUS goes (on a box of two NUMA
-nodes a binding alone is 12 columns), then GROUP; the state, the devices and who holds them stay
-longest (`--json` has everything in full)."""
+nodes a binding alone is 12 columns), then GROUP, then PIDS; the state, the devices and who holds
+them stay longest (`--json` has everything in full). ROLE goes last, or, when every replica is a
+primary and it tells nothing, right after GROUP."""
+PRIMARIES_ONLY_STEPS: tuple[Step, ...] = (*LIST_STEPS[:8], ("drop", 3, 0), *LIST_STEPS[8:-1])
 RESERVATION_STEPS: tuple[Step, ...] = (("shrink", 1, 10), ("shrink", 0, 14), ("shrink", 3, 6), ("drop", 1, 0),
                                        ("shrink", 0, 10), ("shrink", 2, 8))
 
@@ -245,8 +248,9 @@ def list_text(components: Sequence[Doc], reservations: Sequence[Doc], width: int
                     replica_state(c, r), devices_label(r["devices"]) if r.get("devices") else cpus_label(r),
                     r.get("cpu_binding") or "-", ",".join(str(p) for p in r.get("pids") or []) or "-", owner_name(c),
                 ])
+        steps = PRIMARIES_ONLY_STEPS if all(row[3] in ("primary", "-") for row in rows) else LIST_STEPS
         lines += fitted_table(["NAME", "REPLICA", "GROUP", "ROLE", "STATE", "GPUS", "CPUS", "PIDS", "OWNER"], rows,
-                              width, LIST_STEPS, middle=(0, 2))
+                              width, steps, middle=(0, 2))
         queued = sorted((c for c in components if c.get("queue")), key=lambda c: c["queue"].get("position", 0))
         if queued:
             lines += ["", "queue:"]

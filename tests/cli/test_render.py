@@ -17,7 +17,7 @@ from computegroups.cli.render import (
     size,
     styler,
 )
-from tests.cli.samples import IN_THE_WAY, LONG_NAME, component, cpu_replica, crowded_list, device
+from tests.cli.samples import IN_THE_WAY, LONG_NAME, component, cpu_replica, crowded_list, device, listed
 
 plain = styler(False)
 
@@ -152,3 +152,17 @@ def test_a_cpu_only_replica_says_its_cpus_and_no_gpu() -> None:
                                             "  0  cpuonly-0  primary  4 CPUs  pids 4242"]
     c["replicas"][0]["cpu_binding"] = "0-3"
     assert component_text(c, "started")[1] == "  0  cpuonly-0  primary  4 CPUs (0-3)  pids 4242"
+
+
+def test_a_narrow_list_keeps_role_while_a_shadow_is_listed() -> None:
+    """At 52 columns something must go: PIDS before ROLE when ROLE tells primary from shadow, ROLE first
+    when every replica is a primary."""
+    primaries = [listed(f"{LONG_NAME}1", [0]), listed(f"{LONG_NAME}1-standby", [0])]
+    shadowed = [primaries[0], {**primaries[1], "shadow_of": "web",
+                               "replicas": [{**primaries[1]["replicas"][0], "role": "shadow"}]}]
+    header = list_text(shadowed, [], 52)[0].split()
+    assert "ROLE" in header and "PIDS" not in header
+    assert [line.split()[2] for line in list_text(shadowed, [], 52)[1:3]] == ["primary", "shadow"]
+    header = list_text(primaries, [], 52)[0].split()
+    assert "ROLE" not in header and "PIDS" in header
+    assert all(len(line) <= 52 for rows in (primaries, shadowed) for line in list_text(rows, [], 52))
