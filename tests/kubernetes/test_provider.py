@@ -28,12 +28,13 @@ MANAGED = {"app.kubernetes.io/managed-by": "computegroups"}
 
 def on_cluster(kubeconfig: Path, scenario: Callable[[ComputeGroupManager], Awaitable[T]],
                timeout: float = 10.0) -> T:
-    """Run `scenario` with a manager on the emulated cluster, its client closed after."""
+    """Run `scenario` with a manager on the emulated cluster, its client closed after; a scenario
+    that hangs (a watch that never ends) fails after a minute rather than holding the suite."""
     async def run() -> T:
         provider = KubernetesComputeResourceProvider(kubeconfig=kubeconfig, allocation_timeout_s=timeout,
                                                      poll_s=0.02)
         try:
-            return await scenario(ComputeGroupManager(provider))
+            return await asyncio.wait_for(scenario(ComputeGroupManager(provider)), 60)
         finally:
             await provider.close()
     return asyncio.run(run())

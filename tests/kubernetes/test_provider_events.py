@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,23 +19,11 @@ pytest.importorskip("lightkube", reason="the Kubernetes provider's tests need li
 pytest.importorskip("kmock", reason="the emulated cluster needs kmock: pip install '.[test]'")
 
 from computegroups.daemon.client import ComputeGroupManager
-from computegroups.daemon.kubernetes.provider import KubernetesComputeResourceProvider
 from tests.kubernetes.emulator import CLAIMS, HOLD_REASON, NAMESPACE, PODS, EmulatedCluster
+from tests.kubernetes.test_provider import on_cluster
 
 T = TypeVar("T")
 Event = dict[str, Any]
-
-
-def on_cluster(kubeconfig: Path, scenario: Callable[[ComputeGroupManager], Awaitable[T]],
-               timeout: float = 10.0) -> T:
-    async def run() -> T:
-        provider = KubernetesComputeResourceProvider(kubeconfig=kubeconfig, allocation_timeout_s=timeout,
-                                                     poll_s=0.02)
-        try:
-            return await asyncio.wait_for(scenario(ComputeGroupManager(provider)), 60)
-        finally:
-            await provider.close()
-    return asyncio.run(run())
 
 
 async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
